@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Configures and builds ctorchrun (Release) into build/; binaries land in build/bin/.
+#   scripts/build.sh [extra cmake -D options]
+# BUILD_DIR overrides the folder (the sanitizer build uses build-asan/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${BUILD_DIR:-build}
+generator=()
+if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+  cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
+elif [ $# -gt 0 ]; then
+  cmake -S . -B "$build_dir" "$@"
+fi
+cmake --build "$build_dir" --parallel "$(nproc)"

@@ -1,0 +1,329 @@
+#include "store/protocol.h"
+
+#include <cstring>
+#include <limits>
+
+namespace ctorchrun::store::protocol {
+
+const char* to_string(Dialect d) {
+  switch (d) {
+    case Dialect::kUnknown: return "unknown";
+    case Dialect::kV113: return "v113";
+    case Dialect::kV2: return "v2";
+  }
+  return "?";
+}
+
+const char* to_string(Op op) {
+  switch (op) {
+    case Op::kValidate: return "VALIDATE";
+    case Op::kSet: return "SET";
+    case Op::kCompareSet: return "COMPARE_SET";
+    case Op::kGet: return "GET";
+    case Op::kAdd: return "ADD";
+    case Op::kCheck: return "CHECK";
+    case Op::kWait: return "WAIT";
+    case Op::kGetNumKeys: return "GETNUMKEYS";
+    case Op::kWatchKey: return "WATCH_KEY";
+    case Op::kDeleteKey: return "DELETE_KEY";
+    case Op::kAppend: return "APPEND";
+    case Op::kMultiGet: return "MULTI_GET";
+    case Op::kMultiSet: return "MULTI_SET";
+    case Op::kCancelWait: return "CANCEL_WAIT";
+    case Op::kPing: return "PING";
+    case Op::kQueuePush: return "QUEUE_PUSH";
+    case Op::kQueuePop: return "QUEUE_POP";
+    case Op::kQueueLen: return "QUEUE_LEN";
+    case Op::kList: return "LIST";
+  }
+  return "?";
+}
+
+namespace {
+
+// Opcode tables, indexed by the opcode byte.
+constexpr Op kV113Ops[] = {Op::kSet,   Op::kCompareSet, Op::kGet,        Op::kAdd,     Op::kCheck,
+                           Op::kWait,  Op::kGetNumKeys, Op::kWatchKey,   Op::kDeleteKey};
+constexpr Op kV2Ops[] = {Op::kValidate,  Op::kSet,        Op::kCompareSet, Op::kGet,
+                         Op::kAdd,       Op::kCheck,      Op::kWait,       Op::kGetNumKeys,
+                         Op::kDeleteKey, Op::kAppend,     Op::kMultiGet,   Op::kMultiSet,
+                         Op::kCancelWait, Op::kPing,      Op::kQueuePush,  Op::kQueuePop,
+                         Op::kQueueLen,  Op::kList};
+
+template <size_t N>
+std::optional<uint8_t> index_of(const Op (&table)[N], Op op) {
+  for (size_t i = 0; i < N; ++i) {
+    if (table[i] == op) return static_cast<uint8_t>(i);
+  }
+  return std::nullopt;
+}
+
+// Reads fields from a buffer without ever passing its end. Each reader returns
+// false when the field is not (fully) in the buffer yet and records in need_
+// how many bytes the buffer must hold for it.
+class Reader {
+ public:
+  Reader(const char* data, size_t size, const Limits& limits)
+      : data_(data), size_(size), limits_(limits) {}
+
+  bool u8(uint8_t* v) {
+    if (!have(1)) return false;
+    *v = static_cast<uint8_t>(data_[pos_]);
+    pos_ += 1;
+    return true;
+  }
+  bool u32(uint32_t* v) {
+    if (!have(4)) return false;
+    *v = read_u32(data_ + pos_);
+    pos_ += 4;
+    return true;
+  }
+  bool u64(uint64_t* v) {
+    if (!have(8)) return false;
+    *v = read_u64(data_ + pos_);
+    pos_ += 8;
+    return true;
+  }
+  // A length-prefixed string of at most `limit` bytes. Over the limit sets
+  // error_ and returns false.
+  bool blob(std::string_view* v, size_t limit, const char* what) {
+    uint64_t n = 0;
+    size_t start = pos_;
+    if (!u64(&n)) return false;
+    if (n > limit) {
+      error_ = what;
+      return false;
+    }
+    if (!have(static_cast<size_t>(n))) {
+      pos_ = start;  // re-read the length next time
+      return false;
+    }
+    *v = std::string_view(data_ + pos_, static_cast<size_t>(n));
+    pos_ += static_cast<size_t>(n);
+    return true;
+  }
+  bool key(std::string_view* v) { return blob(v, limits_.max_key_bytes, "key longer than the limit"); }
+  bool value(std::string_view* v) {
+    return blob(v, limits_.max_value_bytes, "value longer than the limit");
+  }
+  bool count(uint64_t* n) {
+    if (!u64(n)) return false;
+    if (*n > limits_.max_keys_per_op) {
+      error_ = "more keys in one request than the limit";
+      return false;
+    }
+    return true;
+  }
+
+  size_t pos() const { return pos_; }
+  size_t need() const { return need_; }
+  const char* error() const { return error_; }
+
+ private:
+  bool have(size_t n) {
+    if (size_ - pos_ >= n) return true;
+    need_ = pos_ + n;
+    return false;
+  }
+
+  const char* data_;
+  size_t size_;
+  const Limits& limits_;
+  size_t pos_ = 0;
+  size_t need_ = 0;
+  const char* error_ = nullptr;
+};
+
+// Decides the dialect of a connection from its first bytes; false if more
+// bytes are needed (`*need` then says how many).
+bool detect_dialect(const char* data, size_t size, Dialect* dialect, size_t* need) {
+  if (size < 1) {
+    *need = 1;
+    return false;
+  }
+  // A v113 client may send a one-byte request (GETNUMKEYS) and wait: decide at once.
+  if (data[0] != 0) {
+    *dialect = Dialect::kV113;
+    return true;
+  }
+  // Both a v2 VALIDATE and a v113 SET carry at least four more bytes.
+  if (size < 5) {
+    *need = 5;
+    return false;
+  }
+  *dialect = read_u32(data + 1) == kValidationMagic ? Dialect::kV2 : Dialect::kV113;
+  return true;
+}
+
+}  // namespace
+
+std::optional<Op> decode_opcode(Dialect dialect, uint8_t code) {
+  if (dialect == Dialect::kV113) {
+    if (code < std::size(kV113Ops)) return kV113Ops[code];
+    return std::nullopt;
+  }
+  if (dialect == Dialect::kV2) {
+    if (code < std::size(kV2Ops)) return kV2Ops[code];
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::optional<uint8_t> encode_opcode(Dialect dialect, Op op) {
+  if (dialect == Dialect::kV113) return index_of(kV113Ops, op);
+  if (dialect == Dialect::kV2) return index_of(kV2Ops, op);
+  return std::nullopt;
+}
+
+ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const Limits& limits,
+                          Request* out) {
+  ParseResult result;
+  if (*dialect == Dialect::kUnknown) {
+    size_t need = 0;
+    if (!detect_dialect(data, size, dialect, &need)) {
+      result.size = need;
+      return result;
+    }
+  }
+
+  Reader r(data, size, limits);
+  out->keys.clear();
+  out->values.clear();
+
+  uint8_t code = 0;
+  bool ok = r.u8(&code);
+  if (ok) {
+    std::optional<Op> op = decode_opcode(*dialect, code);
+    if (!op) {
+      result.status = ParseStatus::kError;
+      result.error = "unknown opcode";
+      return result;
+    }
+    out->op = *op;
+    switch (*op) {
+      case Op::kValidate:
+      case Op::kPing:
+        ok = r.u32(&out->u32);
+        break;
+      case Op::kSet:
+      case Op::kAppend:
+      case Op::kQueuePush:
+        ok = r.key(&out->key) && r.value(&out->value);
+        break;
+      case Op::kCompareSet:
+        ok = r.key(&out->key) && r.value(&out->value) && r.value(&out->value2);
+        break;
+      case Op::kGet:
+      case Op::kWatchKey:
+      case Op::kDeleteKey:
+      case Op::kQueuePop:
+      case Op::kQueueLen:
+        ok = r.key(&out->key);
+        break;
+      case Op::kAdd: {
+        uint64_t delta = 0;
+        ok = r.key(&out->key) && r.u64(&delta);
+        out->delta = static_cast<int64_t>(delta);
+        break;
+      }
+      case Op::kCheck:
+      case Op::kWait:
+      case Op::kMultiGet: {
+        uint64_t n = 0;
+        ok = r.count(&n);
+        for (uint64_t i = 0; ok && i < n; ++i) {
+          std::string_view k;
+          ok = r.key(&k);
+          if (ok) out->keys.push_back(k);
+        }
+        break;
+      }
+      case Op::kMultiSet: {
+        uint64_t n = 0;  // sent as i64; a negative count reads as a huge one
+        ok = r.count(&n);
+        for (uint64_t i = 0; ok && i < n; ++i) {
+          std::string_view k, v;
+          ok = r.key(&k) && r.value(&v);
+          if (ok) {
+            out->keys.push_back(k);
+            out->values.push_back(v);
+          }
+        }
+        break;
+      }
+      case Op::kGetNumKeys:
+      case Op::kCancelWait:
+      case Op::kList:
+        break;
+    }
+  }
+
+  if (r.error()) {
+    result.status = ParseStatus::kError;
+    result.error = r.error();
+  } else if (ok) {
+    result.status = ParseStatus::kComplete;
+    result.size = r.pos();
+  } else {
+    result.status = ParseStatus::kNeedMore;
+    result.size = r.need();
+  }
+  return result;
+}
+
+std::optional<int64_t> parse_int64_like_stoll(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\v' ||
+                          s[i] == '\f' || s[i] == '\r')) {
+    ++i;
+  }
+  bool negative = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) {
+    negative = s[i] == '-';
+    ++i;
+  }
+  size_t first_digit = i;
+  // Accumulate as a negative number so INT64_MIN fits.
+  int64_t value = 0;
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i) {
+    int digit = s[i] - '0';
+    if (value < (kMin + digit) / 10) return std::nullopt;
+    value = value * 10 - digit;
+  }
+  if (i == first_digit) return std::nullopt;
+  if (negative) return value;
+  if (value == kMin) return std::nullopt;
+  return -value;
+}
+
+void put_u32(std::string* out, uint32_t v) {
+  char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 4);
+}
+
+void put_u64(std::string* out, uint64_t v) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 8);
+}
+
+void put_bytes(std::string* out, std::string_view bytes) {
+  put_u64(out, bytes.size());
+  out->append(bytes.data(), bytes.size());
+}
+
+uint32_t read_u32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+uint64_t read_u64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+}  // namespace ctorchrun::store::protocol

@@ -1,0 +1,154 @@
+#pragma once
+
+// PyTorch's TCPStore wire protocol, both dialects, in one place.
+//
+// Every integer is little-endian; strings and byte vectors are a u64 length
+// followed by the raw bytes. A request is a u8 opcode followed by its fields;
+// replies carry no header (the client knows their shape). The full table is in
+// the project's protocol notes (torch's TCPStore.cpp / TCPStoreBackend.cpp):
+//
+//   op            v113  v2    request fields after the opcode     reply
+//   VALIDATE       -    0x00  u32 magic 0x3C85F7CE                 none
+//   SET           0x00  0x01  key, bytes                           none
+//   COMPARE_SET   0x01  0x02  key, bytes expected, bytes desired   bytes
+//   GET           0x02  0x03  key                                  bytes
+//   ADD           0x03  0x04  key, i64 delta                       i64
+//   CHECK         0x04  0x05  u64 n, n x key                       u8 (0 ready, 1 not)
+//   WAIT          0x05  0x06  u64 n, n x key                       u8 0, when all exist
+//   GETNUMKEYS    0x06  0x07  -                                    i64
+//   WATCH_KEY     0x07   -    key                                  u8 3, then events
+//   DELETE_KEY    0x08  0x08  key                                  i64 (0 or 1)
+//   APPEND         -    0x09  key, bytes                           none
+//   MULTI_GET      -    0x0A  u64 n, n x key                       n x bytes
+//   MULTI_SET      -    0x0B  i64 n, n x (key, bytes)              none
+//   CANCEL_WAIT    -    0x0C  -                                    u8 1
+//   PING           -    0x0D  u32 nonce                            u32 nonce
+//   QUEUE_PUSH     -    0x0E  key, bytes                           none
+//   QUEUE_POP      -    0x0F  key                                  i64 len, [bytes]
+//   QUEUE_LEN      -    0x10  key                                  i64
+//   LIST           -    0x11  -                                    i64 n, n x str
+//
+// v113 is torch 1.13/2.0 (no handshake); v2 is torch 2.1+ (VALIDATE first).
+// A server tells them apart from a connection's first bytes: a first byte
+// other than 0 is v113; 0 followed by the magic is v2; 0 followed by anything
+// else is a v113 SET.
+//
+// This header and protocol.cc depend on the standard library only, so the
+// request parser can be fuzzed on its own.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ctorchrun::store::protocol {
+
+inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+
+enum class Dialect : uint8_t {
+  kUnknown,  // nothing decided yet (server side, before the first request)
+  kV113,     // torch 1.13 / 2.0 numbering, no handshake
+  kV2,       // torch 2.1+ numbering, VALIDATE first
+};
+
+const char* to_string(Dialect d);
+
+// Operations, independent of either dialect's numbering.
+enum class Op : uint8_t {
+  kValidate,
+  kSet,
+  kCompareSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kGetNumKeys,
+  kWatchKey,
+  kDeleteKey,
+  kAppend,
+  kMultiGet,
+  kMultiSet,
+  kCancelWait,
+  kPing,
+  kQueuePush,
+  kQueuePop,
+  kQueueLen,
+  kList,
+};
+
+const char* to_string(Op op);
+
+// The operation an opcode byte means in `dialect`, or nullopt if none.
+std::optional<Op> decode_opcode(Dialect dialect, uint8_t code);
+// The opcode byte of `op` in `dialect`, or nullopt if the dialect lacks it.
+std::optional<uint8_t> encode_opcode(Dialect dialect, Op op);
+
+enum class CheckResponse : uint8_t { kReady = 0, kNotReady = 1 };
+enum class WaitResponse : uint8_t { kStopWaiting = 0, kWaitCanceled = 1 };
+enum class WatchResponse : uint8_t {
+  kKeyUpdated = 0,
+  kKeyCreated = 1,
+  kKeyDeleted = 2,
+  kCallbackRegistered = 3,
+};
+
+// Size limits a server checks as soon as a length prefix arrives, before it
+// buffers the bytes that follow. torch's libuv server allows keys of 8 KiB,
+// values of 8 MiB and 131072 keys per multi-key request; ours default higher.
+struct Limits {
+  size_t max_key_bytes = 64 * 1024;
+  size_t max_value_bytes = 64 * 1024 * 1024;
+  size_t max_keys_per_op = 131072;
+};
+
+// One parsed request. Views point into the caller's buffer and stay valid
+// until that buffer changes. A Request is meant to be reused: parse_request
+// clears it and keeps the vectors' capacity.
+struct Request {
+  Op op = Op::kGetNumKeys;
+  std::string_view key;     // single-key ops
+  std::string_view value;   // SET/APPEND/QUEUE_PUSH value, COMPARE_SET expected
+  std::string_view value2;  // COMPARE_SET desired
+  int64_t delta = 0;        // ADD
+  uint32_t u32 = 0;         // VALIDATE magic, PING nonce
+  std::vector<std::string_view> keys;    // CHECK, WAIT, MULTI_GET, MULTI_SET
+  std::vector<std::string_view> values;  // MULTI_SET
+};
+
+enum class ParseStatus : uint8_t { kComplete, kNeedMore, kError };
+
+struct ParseResult {
+  ParseStatus status = ParseStatus::kNeedMore;
+  // kComplete: bytes the request took. kNeedMore: total bytes the buffer must
+  // hold before parsing again can make progress (a lower bound).
+  size_t size = 0;
+  const char* error = nullptr;  // kError: a static description
+};
+
+// Parses one request from data[0, size). When *dialect is kUnknown, decides it
+// from the first bytes (see above) and stores the decision in *dialect, even if
+// the request itself is not complete yet. Never allocates more than the
+// request's field count, never reads past `size`; a length or count over
+// `limits` is an error as soon as its prefix is in the buffer.
+ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const Limits& limits,
+                          Request* out);
+
+// C's std::stoll on a stored value, as torch's ADD applies it: leading
+// whitespace, optional sign, decimal digits up to the first non-digit.
+// nullopt when there are no digits or the number does not fit in int64.
+std::optional<int64_t> parse_int64_like_stoll(std::string_view s);
+
+// Appending encoders, used for requests (client) and replies (server).
+inline void put_u8(std::string* out, uint8_t v) { out->push_back(static_cast<char>(v)); }
+void put_u32(std::string* out, uint32_t v);
+void put_u64(std::string* out, uint64_t v);
+inline void put_i64(std::string* out, int64_t v) { put_u64(out, static_cast<uint64_t>(v)); }
+void put_bytes(std::string* out, std::string_view bytes);
+
+uint32_t read_u32(const char* p);
+uint64_t read_u64(const char* p);
+inline int64_t read_i64(const char* p) { return static_cast<int64_t>(read_u64(p)); }
+
+}  // namespace ctorchrun::store::protocol

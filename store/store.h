@@ -1,0 +1,80 @@
+#pragma once
+
+// store::Store: the key-value store every part of ctorchrun rendezvous through.
+//
+// The semantics are those of PyTorch's c10d Store, so that a key written by a
+// torch worker and one written by us mean the same thing:
+//  - keys and values are arbitrary bytes (std::string holds them; NUL is fine);
+//  - get() first waits, up to timeout(), for the key to exist;
+//  - add() parses the stored value like C's stoll, stores the sum as decimal
+//    text and returns it; a missing key counts as 0;
+//  - compare_set() follows torch's four rules (see compare_set below);
+//  - num_keys() counts every key of the store, whoever wrote it.
+//
+// Thread safety: every implementation in this folder may be called from
+// several threads at once. Calls block for at most their timeout.
+//
+// Errors: TimeoutError when a deadline passes (the message names the keys and
+// the timeout); IoError when the connection to a remote store fails; Error
+// when the server refuses an operation (add() on a non-numeric value).
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ctorchrun::store {
+
+inline constexpr std::chrono::milliseconds kDefaultTimeout{300'000};  // torch's Store default
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Creates or overwrites `key`; wakes waiters on it.
+  virtual void set(const std::string& key, const std::string& value) = 0;
+
+  // Waits up to timeout() for `key`, then returns its value.
+  virtual std::string get(const std::string& key) = 0;
+
+  // Adds `delta` to the integer stored at `key` (0 if missing); returns the sum.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+
+  // torch's rules: key missing and `expected` empty -> stores `desired`,
+  // returns it; key missing and `expected` not empty -> stores nothing, returns
+  // `expected`; key equal to `expected` -> stores `desired`, returns it;
+  // otherwise returns the current value unchanged.
+  virtual std::string compare_set(const std::string& key, const std::string& expected,
+                                  const std::string& desired) = 0;
+
+  // Blocks until every key exists; TimeoutError after `timeout`.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
+
+  // True when every key exists now (no waiting).
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  // Number of keys in the whole store (every tenant's).
+  virtual int64_t num_keys() = 0;
+
+  // Removes `key`; true if it existed.
+  virtual bool delete_key(const std::string& key) = 0;
+
+  // Appends to the value of `key`, creating it if missing; wakes waiters.
+  virtual void append(const std::string& key, const std::string& value) = 0;
+
+  // Waits up to timeout() for every key, then returns their values in order.
+  virtual std::vector<std::string> multi_get(const std::vector<std::string>& keys) = 0;
+
+  // Sets each keys[i] to values[i], in order. Sizes must match (ConfigError).
+  virtual void multi_set(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) = 0;
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+ protected:
+  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+};
+
+}  // namespace ctorchrun::store

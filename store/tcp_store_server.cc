@@ -1,0 +1,724 @@
+#include "store/tcp_store_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <thread>
+#include <unordered_map>
+
+#include <boost/asio.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace ctorchrun::store {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using protocol::Dialect;
+using protocol::Op;
+
+namespace {
+
+constexpr size_t kInitialBuffer = 4096;
+constexpr size_t kShrinkAbove = 1 << 20;
+// A connection whose unsent replies exceed this stops reading and executing
+// until its client drains them: a client that pipelines GETs of large values
+// and never reads cannot make the server buffer without bound.
+constexpr size_t kMaxPendingOutput = 8 << 20;
+
+}  // namespace
+
+class Connection;
+
+// ---------------------------------------------------------------------------
+// Impl: the key space and the connections. Everything below runs on the
+// server thread only, so nothing here takes a lock.
+class TcpStoreServer::Impl {
+ public:
+  explicit Impl(const ServerOptions& options)
+      : options_(options), log_(get_logger("store")), acceptor_(io_), retry_timer_(io_) {}
+
+  void bind_and_listen();
+  void run_thread();
+  void stop();
+
+  // Runs `f` on the server thread and returns its result.
+  template <typename F>
+  auto run_sync(F f) -> decltype(f()) {
+    CTORCHRUN_CHECK(std::this_thread::get_id() != thread_.get_id(),
+                    "blocking call into the store server from its own thread");
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto fut = task.get_future();
+    asio::post(io_, [&task] { task(); });
+    return fut.get();
+  }
+
+  // --- used by Connection -------------------------------------------------
+  // Executes one parsed request for `c`; false means: drop the connection.
+  bool execute(Connection& c, const protocol::Request& req, const char** why);
+  void cancel_wait(Connection& c);
+  void forget(Connection& c);  // unregisters watches; removes from connections_
+  void note_drop(Connection& c, const char* why);
+  const protocol::Limits& limits() const { return options_.limits; }
+  spdlog::logger& log() { return *log_; }
+
+  ServerOptions options_;
+  std::shared_ptr<spdlog::logger> log_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer retry_timer_;
+  std::thread thread_;
+  std::atomic<bool> stopped_{false};
+  std::string bound_host_;
+  uint16_t bound_port_ = 0;
+
+  std::unordered_map<std::string, std::string> kv_;
+  std::unordered_map<std::string, std::deque<std::string>> queues_;
+  // key -> connections waiting on it (a connection appears once per missing
+  // key of its WAIT). Connections unregister themselves before they die.
+  std::unordered_map<std::string, std::vector<Connection*>> waiters_;
+  std::unordered_map<std::string, std::vector<Connection*>> watchers_;
+  std::unordered_map<Connection*, std::shared_ptr<Connection>> connections_;
+  std::string scratch_key_;  // reused to look up string_view keys
+  TcpStoreServer::Stats stats_;
+  uint64_t next_id_ = 0;
+  uint64_t accept_errors_ = 0;
+
+ private:
+  void do_accept();
+  // Stores `value` (key may alias scratch_key_: nothing here reuses it).
+  void store_value(const std::string& key, std::string value);
+  void wake(const std::string& key);
+  void wake_one(const std::string& key);
+  void notify_watchers(const std::string& key, protocol::WatchResponse kind,
+                       std::string_view old_value, std::string_view new_value);
+  const std::string& key_of(std::string_view k) {
+    scratch_key_.assign(k.data(), k.size());
+    return scratch_key_;
+  }
+  bool present(const std::string& key) const {
+    if (kv_.count(key)) return true;
+    auto q = queues_.find(key);
+    return q != queues_.end() && !q->second.empty();
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Connection: one client socket, its input buffer, its pending replies and
+// its WAIT registration.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(TcpStoreServer::Impl& server, tcp::socket socket, uint64_t id)
+      : server_(server), socket_(std::move(socket)), id_(id), in_(kInitialBuffer) {
+    boost::system::error_code ec;
+    auto ep = socket_.remote_endpoint(ec);
+    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+  }
+
+  void start() { do_read(); }
+
+  // Queues a reply; it goes out at the end of the current batch of requests,
+  // in one write.
+  void send(std::string_view bytes) {
+    if (closed_) return;
+    out_.append(bytes.data(), bytes.size());
+    if (!in_batch_) flush();
+  }
+  void send_u8(uint8_t v) {
+    char c = static_cast<char>(v);
+    send(std::string_view(&c, 1));
+  }
+
+  // Called when `key`, one this connection's WAIT is registered on, arrives.
+  void key_arrived(const std::string& key) {
+    auto it = std::find(wait_keys_.begin(), wait_keys_.end(), key);
+    if (it != wait_keys_.end()) wait_keys_.erase(it);
+    if (awaited_ > 0 && --awaited_ == 0) {
+      send_u8(static_cast<uint8_t>(protocol::WaitResponse::kStopWaiting));
+    }
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    server_.cancel_wait(*this);
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    server_.forget(*this);  // may release the last reference held by the server
+  }
+
+  uint64_t id() const { return id_; }
+  const std::string& peer() const { return peer_; }
+  Dialect dialect() const { return dialect_; }
+  bool waiting() const { return awaited_ > 0; }
+
+  std::vector<std::string> wait_keys_;
+  size_t awaited_ = 0;
+  std::vector<std::string> watch_keys_;
+
+ private:
+  size_t pending_output() const { return out_.size() + inflight_.size(); }
+
+  void do_read() {
+    if (closed_ || reading_ || paused_) return;
+    if (in_.size() - in_len_ < 1024) in_.resize(in_.size() * 2);
+    reading_ = true;
+    auto self = shared_from_this();
+    socket_.async_read_some(asio::buffer(in_.data() + in_len_, in_.size() - in_len_),
+                            [this, self](const boost::system::error_code& ec, size_t n) {
+                              reading_ = false;
+                              if (closed_) return;
+                              if (ec) {
+                                close();
+                                return;
+                              }
+                              in_len_ += n;
+                              process();
+                              do_read();
+                            });
+  }
+
+  // Executes every complete request in the buffer, then writes the replies.
+  void process() {
+    size_t off = 0;
+    in_batch_ = true;
+    while (!closed_ && in_len_ - off >= need_) {
+      if (pending_output() > kMaxPendingOutput) {
+        paused_ = true;
+        break;
+      }
+      protocol::ParseResult r = protocol::parse_request(&dialect_, in_.data() + off, in_len_ - off,
+                                                        server_.limits(), &req_);
+      if (r.status == protocol::ParseStatus::kNeedMore) {
+        need_ = r.size;
+        break;
+      }
+      if (r.status == protocol::ParseStatus::kError) {
+        server_.note_drop(*this, r.error);
+        close();
+        return;
+      }
+      need_ = 0;
+      const char* why = nullptr;
+      if (!server_.execute(*this, req_, &why)) {
+        server_.note_drop(*this, why);
+        close();
+        return;
+      }
+      off += r.size;
+    }
+    in_batch_ = false;
+    if (off > 0) {
+      std::memmove(in_.data(), in_.data() + off, in_len_ - off);
+      in_len_ -= off;
+      if (need_ > off) need_ -= off;
+    }
+    if (in_len_ == 0 && in_.size() > kShrinkAbove) {
+      in_.resize(kInitialBuffer);
+      in_.shrink_to_fit();
+    }
+    flush();
+  }
+
+  void flush() {
+    if (closed_ || writing_ || out_.empty()) return;
+    // Try the write right away: a reply usually fits the socket buffer, and
+    // this saves a trip through the reactor.
+    boost::system::error_code ec;
+    size_t n = socket_.write_some(asio::buffer(out_), ec);
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      close();
+      return;
+    }
+    out_.erase(0, n);
+    if (out_.empty()) {
+      if (paused_) resume();
+      return;
+    }
+    writing_ = true;
+    inflight_.swap(out_);
+    out_.clear();
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(inflight_),
+                      [this, self](const boost::system::error_code& wec, size_t) {
+                        writing_ = false;
+                        inflight_.clear();
+                        if (closed_) return;
+                        if (wec) {
+                          close();
+                          return;
+                        }
+                        if (!out_.empty()) {
+                          flush();
+                        } else if (paused_) {
+                          resume();
+                        }
+                      });
+  }
+
+  void resume() {
+    paused_ = false;
+    process();
+    do_read();
+  }
+
+  TcpStoreServer::Impl& server_;
+  tcp::socket socket_;
+  uint64_t id_;
+  std::string peer_;
+  std::vector<char> in_;
+  size_t in_len_ = 0;
+  size_t need_ = 0;  // parse again only once in_len_ reaches this
+  std::string out_;
+  std::string inflight_;
+  bool reading_ = false;
+  bool writing_ = false;
+  bool paused_ = false;
+  bool in_batch_ = false;
+  bool closed_ = false;
+  Dialect dialect_ = Dialect::kUnknown;
+  protocol::Request req_;
+};
+
+// ---------------------------------------------------------------------------
+
+void TcpStoreServer::Impl::bind_and_listen() {
+  const std::string where = options_.host + ":" + std::to_string(options_.port);
+  boost::system::error_code ec;
+  tcp::resolver resolver(io_);
+  auto results = resolver.resolve(options_.host, std::to_string(options_.port),
+                                  tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || results.empty()) {
+    throw IoError("cannot bind the store server to " + where + ": cannot resolve host '" +
+                  options_.host + "': " + ec.message());
+  }
+  tcp::endpoint ep = results.begin()->endpoint();
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(options_.listen_backlog, ec);
+  if (ec) {
+    throw IoError("cannot bind the store server to " + where + ": " + ec.message() +
+                  (ec == asio::error::address_in_use
+                       ? " (another process listens on that port; pick another --port)"
+                       : ""));
+  }
+  bound_host_ = options_.host;
+  bound_port_ = acceptor_.local_endpoint().port();
+  do_accept();
+}
+
+void TcpStoreServer::Impl::do_accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || stopped_) return;
+    if (ec) {
+      // Out of file descriptors and the like: back off briefly, keep serving.
+      if (accept_errors_++ % 1000 == 0) {
+        log_->warn("accept failed on port {}: {} (open connections {}); retrying", bound_port_,
+                   ec.message(), connections_.size());
+      }
+      retry_timer_.expires_after(std::chrono::milliseconds(20));
+      retry_timer_.async_wait([this](const boost::system::error_code& tec) {
+        if (!tec) do_accept();
+      });
+      return;
+    }
+    if (connections_.size() >= options_.max_connections) {
+      if (stats_.refused++ % 1000 == 0) {
+        log_->warn("refusing a connection: {} open, --max-connections is {}",
+                   connections_.size(), options_.max_connections);
+      }
+      boost::system::error_code ignored;
+      socket.close(ignored);
+    } else {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      socket.non_blocking(true, ignored);
+      auto c = std::make_shared<Connection>(*this, std::move(socket), next_id_++);
+      connections_.emplace(c.get(), c);
+      ++stats_.accepted;
+      c->start();
+    }
+    do_accept();
+  });
+}
+
+void TcpStoreServer::Impl::run_thread() {
+  thread_ = std::thread([this] {
+    // Handlers report errors through error codes; anything thrown here is
+    // unexpected (bad_alloc), so log it and keep the server alive.
+    while (!stopped_) {
+      try {
+        io_.run();
+        break;
+      } catch (const std::exception& e) {
+        log_->error("store server: unexpected exception in the event loop: {}", e.what());
+      }
+    }
+  });
+}
+
+void TcpStoreServer::Impl::stop() {
+  if (stopped_.exchange(true)) return;
+  if (thread_.joinable()) {
+    asio::post(io_, [this] {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+      retry_timer_.cancel();
+      auto all = connections_;
+      for (auto& c : all) c.second->close();
+      io_.stop();
+    });
+    thread_.join();
+  }
+}
+
+void TcpStoreServer::Impl::note_drop(Connection& c, const char* why) {
+  if (stats_.dropped++ % 100 == 0) {
+    log_->warn("closing store connection from {} ({}): {}", c.peer(),
+               protocol::to_string(c.dialect()), why ? why : "protocol error");
+  }
+}
+
+void TcpStoreServer::Impl::forget(Connection& c) {
+  for (const auto& key : c.watch_keys_) {
+    auto it = watchers_.find(key);
+    if (it == watchers_.end()) continue;
+    auto& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), &c), v.end());
+    if (v.empty()) watchers_.erase(it);
+  }
+  c.watch_keys_.clear();
+  connections_.erase(&c);
+}
+
+void TcpStoreServer::Impl::cancel_wait(Connection& c) {
+  for (const auto& key : c.wait_keys_) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) continue;
+    auto& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), &c), v.end());
+    if (v.empty()) waiters_.erase(it);
+  }
+  c.wait_keys_.clear();
+  c.awaited_ = 0;
+}
+
+void TcpStoreServer::Impl::wake(const std::string& key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  // Hold every waiter: a reply that fails to send closes its connection,
+  // and a connection can appear more than once in the list.
+  std::vector<std::shared_ptr<Connection>> list;
+  list.reserve(it->second.size());
+  for (Connection* c : it->second) list.push_back(c->shared_from_this());
+  waiters_.erase(it);
+  for (auto& c : list) c->key_arrived(key);
+}
+
+void TcpStoreServer::Impl::wake_one(const std::string& key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  auto c = it->second.front()->shared_from_this();
+  it->second.erase(it->second.begin());
+  if (it->second.empty()) waiters_.erase(it);
+  c->key_arrived(key);
+}
+
+void TcpStoreServer::Impl::notify_watchers(const std::string& key, protocol::WatchResponse kind,
+                                           std::string_view old_value,
+                                           std::string_view new_value) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) return;
+  std::string event;
+  protocol::put_u8(&event, static_cast<uint8_t>(kind));
+  protocol::put_bytes(&event, key);
+  protocol::put_bytes(&event, old_value);
+  protocol::put_bytes(&event, new_value);
+  std::vector<std::shared_ptr<Connection>> list;
+  for (Connection* w : it->second) list.push_back(w->shared_from_this());
+  for (auto& w : list) w->send(event);
+}
+
+void TcpStoreServer::Impl::store_value(const std::string& key, std::string value) {
+  auto it = kv_.find(key);
+  if (!watchers_.empty() && watchers_.count(key)) {
+    // Only v113 clients watch; keep the old value for their event.
+    std::string old = it == kv_.end() ? std::string() : it->second;
+    bool created = it == kv_.end();
+    kv_[key] = std::move(value);
+    notify_watchers(key,
+                    created ? protocol::WatchResponse::kKeyCreated
+                            : protocol::WatchResponse::kKeyUpdated,
+                    old, kv_[key]);
+  } else if (it == kv_.end()) {
+    kv_.emplace(key, std::move(value));
+  } else {
+    it->second = std::move(value);
+  }
+  wake(key);
+}
+
+bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req,
+                                   const char** why) {
+  ++stats_.requests;
+  if (c.waiting()) {
+    if (c.dialect() == Dialect::kV113) {
+      // A 1.13 client never writes while blocked in WAIT: it gave up.
+      cancel_wait(c);
+    } else if (req.op == Op::kWait) {
+      *why = "WAIT sent while another WAIT of the same connection is pending";
+      return false;
+    }
+  }
+
+  std::string reply;
+  switch (req.op) {
+    case Op::kValidate:
+      if (req.u32 != protocol::kValidationMagic) {
+        *why = "VALIDATE with a wrong magic number";
+        return false;
+      }
+      return true;
+
+    case Op::kPing:
+      protocol::put_u32(&reply, req.u32);
+      break;
+
+    case Op::kSet: {
+      const std::string& key = key_of(req.key);
+      store_value(key, std::string(req.value));
+      return true;
+    }
+
+    case Op::kCompareSet: {
+      const std::string& key = key_of(req.key);
+      auto it = kv_.find(key);
+      if (it == kv_.end()) {
+        if (req.value.empty()) {
+          store_value(key, std::string(req.value2));
+          protocol::put_bytes(&reply, req.value2);
+        } else {
+          protocol::put_bytes(&reply, req.value);
+        }
+      } else if (it->second == req.value) {
+        store_value(key, std::string(req.value2));
+        protocol::put_bytes(&reply, req.value2);
+      } else {
+        protocol::put_bytes(&reply, it->second);
+      }
+      break;
+    }
+
+    case Op::kGet: {
+      auto it = kv_.find(key_of(req.key));
+      protocol::put_bytes(&reply, it == kv_.end() ? std::string_view() : it->second);
+      break;
+    }
+
+    case Op::kAdd: {
+      const std::string& key = key_of(req.key);
+      auto it = kv_.find(key);
+      int64_t current = 0;
+      if (it != kv_.end()) {
+        auto parsed = protocol::parse_int64_like_stoll(it->second);
+        if (!parsed) {
+          *why = "ADD on a value that is not an integer";
+          return false;
+        }
+        current = *parsed;
+      }
+      int64_t sum = 0;
+      if (__builtin_add_overflow(current, req.delta, &sum)) {
+        *why = "ADD overflows int64";
+        return false;
+      }
+      protocol::put_i64(&reply, sum);
+      c.send(reply);
+      store_value(key, std::to_string(sum));
+      return true;
+    }
+
+    case Op::kCheck: {
+      bool all = true;
+      for (auto k : req.keys) all = all && present(key_of(k));
+      protocol::put_u8(&reply, static_cast<uint8_t>(all ? protocol::CheckResponse::kReady
+                                                        : protocol::CheckResponse::kNotReady));
+      break;
+    }
+
+    case Op::kWait: {
+      for (auto k : req.keys) {
+        const std::string& key = key_of(k);
+        if (!present(key)) {
+          waiters_[key].push_back(&c);
+          c.wait_keys_.push_back(key);
+          ++c.awaited_;
+        }
+      }
+      if (c.awaited_ == 0) {
+        protocol::put_u8(&reply, static_cast<uint8_t>(protocol::WaitResponse::kStopWaiting));
+      }
+      break;
+    }
+
+    case Op::kGetNumKeys:
+      protocol::put_i64(&reply, static_cast<int64_t>(kv_.size()));
+      break;
+
+    case Op::kWatchKey: {
+      const std::string& key = key_of(req.key);
+      auto& v = watchers_[key];
+      if (std::find(v.begin(), v.end(), &c) == v.end()) {
+        v.push_back(&c);
+        c.watch_keys_.push_back(key);
+      }
+      protocol::put_u8(&reply, static_cast<uint8_t>(protocol::WatchResponse::kCallbackRegistered));
+      break;
+    }
+
+    case Op::kDeleteKey: {
+      const std::string& key = key_of(req.key);
+      auto it = kv_.find(key);
+      bool existed = it != kv_.end();
+      if (existed) {
+        std::string old = std::move(it->second);
+        kv_.erase(it);
+        notify_watchers(key, protocol::WatchResponse::kKeyDeleted, old, {});
+      }
+      protocol::put_i64(&reply, existed ? 1 : 0);
+      break;
+    }
+
+    case Op::kAppend: {
+      const std::string& key = key_of(req.key);
+      auto it = kv_.find(key);
+      size_t old_size = it == kv_.end() ? 0 : it->second.size();
+      if (old_size + req.value.size() > options_.limits.max_value_bytes) {
+        *why = "APPEND would grow a value beyond the value size limit";
+        return false;
+      }
+      std::string value = it == kv_.end() ? std::string() : it->second;
+      value.append(req.value.data(), req.value.size());
+      store_value(key, std::move(value));
+      return true;
+    }
+
+    case Op::kMultiGet:
+      for (auto k : req.keys) {
+        auto it = kv_.find(key_of(k));
+        protocol::put_bytes(&reply, it == kv_.end() ? std::string_view() : it->second);
+      }
+      break;
+
+    case Op::kMultiSet:
+      for (size_t i = 0; i < req.keys.size(); ++i) {
+        std::string k(req.keys[i]);
+        store_value(k, std::string(req.values[i]));
+      }
+      return true;
+
+    case Op::kCancelWait:
+      cancel_wait(c);
+      protocol::put_u8(&reply, static_cast<uint8_t>(protocol::WaitResponse::kWaitCanceled));
+      break;
+
+    case Op::kQueuePush: {
+      std::string key = key_of(req.key);
+      queues_[key].emplace_back(req.value);
+      wake_one(key);
+      return true;
+    }
+
+    case Op::kQueuePop: {
+      auto it = queues_.find(key_of(req.key));
+      if (it == queues_.end() || it->second.empty()) {
+        protocol::put_i64(&reply, 0);
+      } else {
+        protocol::put_i64(&reply, static_cast<int64_t>(it->second.size()));
+        protocol::put_bytes(&reply, it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) queues_.erase(it);
+      }
+      break;
+    }
+
+    case Op::kQueueLen: {
+      auto it = queues_.find(key_of(req.key));
+      protocol::put_i64(&reply, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+      break;
+    }
+
+    case Op::kList:
+      protocol::put_i64(&reply, static_cast<int64_t>(kv_.size()));
+      for (const auto& kv : kv_) protocol::put_bytes(&reply, kv.first);
+      break;
+  }
+  if (!reply.empty()) c.send(reply);
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+
+TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TcpStoreServer::~TcpStoreServer() { stop(); }
+
+std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  impl->bind_and_listen();
+  impl->run_thread();
+  impl->log_->debug("store server listening on {}:{}", impl->bound_host_, impl->bound_port_);
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+}
+
+const std::string& TcpStoreServer::host() const { return impl_->bound_host_; }
+uint16_t TcpStoreServer::port() const { return impl_->bound_port_; }
+
+void TcpStoreServer::stop() { impl_->stop(); }
+
+size_t TcpStoreServer::erase_keys_except(const std::vector<std::string>& keep_prefixes) {
+  if (impl_->stopped_) return 0;
+  return impl_->run_sync([this, &keep_prefixes] {
+    auto keep = [&](const std::string& key) {
+      for (const auto& p : keep_prefixes) {
+        if (key.compare(0, p.size(), p) == 0) return true;
+      }
+      return false;
+    };
+    size_t removed = 0;
+    for (auto it = impl_->kv_.begin(); it != impl_->kv_.end();) {
+      if (keep(it->first)) {
+        ++it;
+      } else {
+        it = impl_->kv_.erase(it);
+        ++removed;
+      }
+    }
+    for (auto it = impl_->queues_.begin(); it != impl_->queues_.end();) {
+      if (keep(it->first)) {
+        ++it;
+      } else {
+        it = impl_->queues_.erase(it);
+        ++removed;
+      }
+    }
+    return removed;
+  });
+}
+
+TcpStoreServer::Stats TcpStoreServer::stats() {
+  if (impl_->stopped_) return impl_->stats_;
+  return impl_->run_sync([this] {
+    Stats s = impl_->stats_;
+    s.open_connections = impl_->connections_.size();
+    s.keys = impl_->kv_.size();
+    return s;
+  });
+}
+
+}  // namespace ctorchrun::store

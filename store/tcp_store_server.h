@@ -1,0 +1,88 @@
+#pragma once
+
+// TcpStoreServer: a key-value store server that speaks PyTorch's TCPStore
+// protocol (both dialects, chosen per connection; see store/protocol.h), so
+// torch 1.13 and 2.x clients, our TcpStore client and any mix of them share one
+// key space.
+//
+// The server runs one Asio io_context on a thread of its own. Each connection
+// buffers its bytes and executes a request only once the whole request is in,
+// so a slow or half-sent request stalls nobody else. Every byte from the
+// network is treated as hostile: a length over the limits, an unknown opcode
+// or an ADD on a non-integer closes that one connection; the server and every
+// other client carry on. Memory grows with the bytes actually received, never
+// with a length a client announces.
+//
+// Semantics follow torch's servers, with the choices the 2.x libuv server made
+// where they differ: GET of a missing key returns an empty value; WAIT/CHECK
+// count a non-empty queue as a present key. Waiters are woken when a value is
+// stored (SET, ADD, APPEND, MULTI_SET, a compare_set that stores) and one per
+// QUEUE_PUSH. On a v113 (torch 1.13) connection a request that arrives while
+// that connection's WAIT is pending means the client gave up waiting (a 1.13
+// client never writes while blocked in WAIT and has no CANCEL_WAIT), so the
+// WAIT is dropped instead of being answered later with a byte that client no
+// longer expects.
+//
+// Thread safety: every public method may be called from any thread except the
+// server's own. Methods that touch the key space run on the server thread and
+// block until done.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "store/protocol.h"
+
+namespace ctorchrun::store {
+
+struct ServerOptions {
+  std::string host = "0.0.0.0";  // as torch binds
+  uint16_t port = 29500;         // 0 picks a free port; port() tells which
+  protocol::Limits limits;
+  size_t max_connections = 16384;
+  int listen_backlog = 4096;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds, listens and starts serving. Throws IoError naming host:port when
+  // the address cannot be bound (in use, not local, bad host).
+  static std::unique_ptr<TcpStoreServer> start(const ServerOptions& options);
+
+  ~TcpStoreServer();  // stop()s
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  const std::string& host() const;
+  uint16_t port() const;
+
+  // Closes the listener and every connection and joins the server thread.
+  // Idempotent.
+  void stop();
+
+  // Removes every key and queue whose raw key starts with none of
+  // `keep_prefixes`; returns how many were removed. Pending waits stay
+  // registered. The launcher calls this between attempts so that workers of a
+  // new attempt never read keys written by earlier workers.
+  size_t erase_keys_except(const std::vector<std::string>& keep_prefixes);
+
+  struct Stats {
+    uint64_t open_connections = 0;
+    uint64_t accepted = 0;
+    uint64_t refused = 0;  // over max_connections
+    uint64_t requests = 0;
+    uint64_t dropped = 0;  // closed for a protocol violation
+    uint64_t keys = 0;
+  };
+  Stats stats();
+
+  class Impl;  // opaque: keeps Asio out of this header
+
+ private:
+  explicit TcpStoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ctorchrun::store
