@@ -9,10 +9,9 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/exit_codes.h"
 #include "common/config.h"
@@ -96,7 +95,8 @@ int main(int argc, char** argv) {
     get_logger("store")->error("{}", e.what());
     return kExitStoreNetwork;
   }
-  std::printf("listening on %s:%u\n", server->host().c_str(), static_cast<unsigned>(server->port()));
+  std::printf("listening on %s:%u\n", server->host().c_str(),
+              static_cast<unsigned>(server->port()));
   std::fflush(stdout);
 
   int sig = 0;

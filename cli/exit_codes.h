@@ -5,13 +5,13 @@
 namespace ctorchrun {
 
 enum ExitCode : int {
-  kExitSuccess = 0,          // all local workers succeeded
-  kExitWorkersFailed = 1,    // workers failed and restarts are exhausted
-  kExitUsage = 2,            // usage or configuration error
-  kExitRendezvous = 3,       // rendezvous failed, timed out, was closed, or its store was lost
-  kExitStoreNetwork = 4,     // store or network set-up failed (bind, connect)
-  kExitInternal = 70,        // internal error (a CTORCHRUN_CHECK failed): please report
-  kExitSignalBase = 128,     // 128+N: stopped by signal N
+  kExitSuccess = 0,        // all local workers succeeded
+  kExitWorkersFailed = 1,  // workers failed and restarts are exhausted
+  kExitUsage = 2,          // usage or configuration error
+  kExitRendezvous = 3,     // rendezvous failed, timed out, was closed, or its store was lost
+  kExitStoreNetwork = 4,   // store or network set-up failed (bind, connect)
+  kExitInternal = 70,      // internal error (a CTORCHRUN_CHECK failed): please report
+  kExitSignalBase = 128,   // 128+N: stopped by signal N
 };
 
 }  // namespace ctorchrun

@@ -54,12 +54,13 @@ class InternalError : public Error {
 };
 
 namespace detail {
-[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* cond,
+                               const std::string& msg);
 }  // namespace detail
 
 }  // namespace ctorchrun
 
-#define CTORCHRUN_CHECK(cond, msg)                                              \
-  do {                                                                          \
+#define CTORCHRUN_CHECK(cond, msg)                                                    \
+  do {                                                                                \
     if (!(cond)) ::ctorchrun::detail::check_failed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

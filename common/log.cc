@@ -1,12 +1,12 @@
 #include "common/log.h"
 
+#include <spdlog/cfg/env.h>
+#include <spdlog/sinks/stdout_sinks.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
-
-#include <spdlog/cfg/env.h>
-#include <spdlog/sinks/stdout_sinks.h>
 
 namespace ctorchrun {
 
@@ -20,8 +20,8 @@ std::shared_ptr<spdlog::logger> get_logger(const std::string& name) {
   if (auto existing = spdlog::get(name)) return existing;
   // Plain (unsynchronised-colour) stderr sink: our lines never interleave with
   // worker output on stdout, and the pattern stays machine-readable.
-  auto logger = std::make_shared<spdlog::logger>(
-      name, std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  auto logger =
+      std::make_shared<spdlog::logger>(name, std::make_shared<spdlog::sinks::stderr_sink_mt>());
   logger->set_pattern(kLogPattern);
   logger->set_level(g_level);
   logger->flush_on(spdlog::level::info);
@@ -34,11 +34,16 @@ void setup_logging(spdlog::level::level_enum default_level) {
   if (const char* env = std::getenv("LOGLEVEL")) {
     std::string v(env);
     std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::toupper(c); });
-    if (v == "DEBUG") level = spdlog::level::debug;
-    else if (v == "INFO") level = spdlog::level::info;
-    else if (v == "WARNING" || v == "WARN") level = spdlog::level::warn;
-    else if (v == "ERROR") level = spdlog::level::err;
-    else if (v == "CRITICAL" || v == "FATAL") level = spdlog::level::critical;
+    if (v == "DEBUG")
+      level = spdlog::level::debug;
+    else if (v == "INFO")
+      level = spdlog::level::info;
+    else if (v == "WARNING" || v == "WARN")
+      level = spdlog::level::warn;
+    else if (v == "ERROR")
+      level = spdlog::level::err;
+    else if (v == "CRITICAL" || v == "FATAL")
+      level = spdlog::level::critical;
   }
   {
     std::lock_guard<std::mutex> lock(g_mutex);

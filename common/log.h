@@ -4,10 +4,10 @@
 // "coll"). Libraries fetch their logger here and never configure spdlog; only
 // the executables' main() sets sinks, pattern and level.
 
+#include <spdlog/spdlog.h>
+
 #include <memory>
 #include <string>
-
-#include <spdlog/spdlog.h>
 
 namespace ctorchrun {
 

@@ -7,34 +7,56 @@ namespace ctorchrun::store::protocol {
 
 const char* to_string(Dialect d) {
   switch (d) {
-    case Dialect::kUnknown: return "unknown";
-    case Dialect::kV113: return "v113";
-    case Dialect::kV2: return "v2";
+    case Dialect::kUnknown:
+      return "unknown";
+    case Dialect::kV113:
+      return "v113";
+    case Dialect::kV2:
+      return "v2";
   }
   return "?";
 }
 
 const char* to_string(Op op) {
   switch (op) {
-    case Op::kValidate: return "VALIDATE";
-    case Op::kSet: return "SET";
-    case Op::kCompareSet: return "COMPARE_SET";
-    case Op::kGet: return "GET";
-    case Op::kAdd: return "ADD";
-    case Op::kCheck: return "CHECK";
-    case Op::kWait: return "WAIT";
-    case Op::kGetNumKeys: return "GETNUMKEYS";
-    case Op::kWatchKey: return "WATCH_KEY";
-    case Op::kDeleteKey: return "DELETE_KEY";
-    case Op::kAppend: return "APPEND";
-    case Op::kMultiGet: return "MULTI_GET";
-    case Op::kMultiSet: return "MULTI_SET";
-    case Op::kCancelWait: return "CANCEL_WAIT";
-    case Op::kPing: return "PING";
-    case Op::kQueuePush: return "QUEUE_PUSH";
-    case Op::kQueuePop: return "QUEUE_POP";
-    case Op::kQueueLen: return "QUEUE_LEN";
-    case Op::kList: return "LIST";
+    case Op::kValidate:
+      return "VALIDATE";
+    case Op::kSet:
+      return "SET";
+    case Op::kCompareSet:
+      return "COMPARE_SET";
+    case Op::kGet:
+      return "GET";
+    case Op::kAdd:
+      return "ADD";
+    case Op::kCheck:
+      return "CHECK";
+    case Op::kWait:
+      return "WAIT";
+    case Op::kGetNumKeys:
+      return "GETNUMKEYS";
+    case Op::kWatchKey:
+      return "WATCH_KEY";
+    case Op::kDeleteKey:
+      return "DELETE_KEY";
+    case Op::kAppend:
+      return "APPEND";
+    case Op::kMultiGet:
+      return "MULTI_GET";
+    case Op::kMultiSet:
+      return "MULTI_SET";
+    case Op::kCancelWait:
+      return "CANCEL_WAIT";
+    case Op::kPing:
+      return "PING";
+    case Op::kQueuePush:
+      return "QUEUE_PUSH";
+    case Op::kQueuePop:
+      return "QUEUE_POP";
+    case Op::kQueueLen:
+      return "QUEUE_LEN";
+    case Op::kList:
+      return "LIST";
   }
   return "?";
 }
@@ -42,13 +64,12 @@ const char* to_string(Op op) {
 namespace {
 
 // Opcode tables, indexed by the opcode byte.
-constexpr Op kV113Ops[] = {Op::kSet,   Op::kCompareSet, Op::kGet,        Op::kAdd,     Op::kCheck,
-                           Op::kWait,  Op::kGetNumKeys, Op::kWatchKey,   Op::kDeleteKey};
-constexpr Op kV2Ops[] = {Op::kValidate,  Op::kSet,        Op::kCompareSet, Op::kGet,
-                         Op::kAdd,       Op::kCheck,      Op::kWait,       Op::kGetNumKeys,
-                         Op::kDeleteKey, Op::kAppend,     Op::kMultiGet,   Op::kMultiSet,
-                         Op::kCancelWait, Op::kPing,      Op::kQueuePush,  Op::kQueuePop,
-                         Op::kQueueLen,  Op::kList};
+constexpr Op kV113Ops[] = {Op::kSet,  Op::kCompareSet, Op::kGet,      Op::kAdd,      Op::kCheck,
+                           Op::kWait, Op::kGetNumKeys, Op::kWatchKey, Op::kDeleteKey};
+constexpr Op kV2Ops[] = {
+    Op::kValidate,   Op::kSet,        Op::kCompareSet, Op::kGet,      Op::kAdd,      Op::kCheck,
+    Op::kWait,       Op::kGetNumKeys, Op::kDeleteKey,  Op::kAppend,   Op::kMultiGet, Op::kMultiSet,
+    Op::kCancelWait, Op::kPing,       Op::kQueuePush,  Op::kQueuePop, Op::kQueueLen, Op::kList};
 
 template <size_t N>
 std::optional<uint8_t> index_of(const Op (&table)[N], Op op) {
@@ -102,7 +123,9 @@ class Reader {
     pos_ += static_cast<size_t>(n);
     return true;
   }
-  bool key(std::string_view* v) { return blob(v, limits_.max_key_bytes, "key longer than the limit"); }
+  bool key(std::string_view* v) {
+    return blob(v, limits_.max_key_bytes, "key longer than the limit");
+  }
   bool value(std::string_view* v) {
     return blob(v, limits_.max_value_bytes, "value longer than the limit");
   }

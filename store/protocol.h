@@ -108,11 +108,11 @@ struct Limits {
 // clears it and keeps the vectors' capacity.
 struct Request {
   Op op = Op::kGetNumKeys;
-  std::string_view key;     // single-key ops
-  std::string_view value;   // SET/APPEND/QUEUE_PUSH value, COMPARE_SET expected
-  std::string_view value2;  // COMPARE_SET desired
-  int64_t delta = 0;        // ADD
-  uint32_t u32 = 0;         // VALIDATE magic, PING nonce
+  std::string_view key;                  // single-key ops
+  std::string_view value;                // SET/APPEND/QUEUE_PUSH value, COMPARE_SET expected
+  std::string_view value2;               // COMPARE_SET desired
+  int64_t delta = 0;                     // ADD
+  uint32_t u32 = 0;                      // VALIDATE magic, PING nonce
   std::vector<std::string_view> keys;    // CHECK, WAIT, MULTI_GET, MULTI_SET
   std::vector<std::string_view> values;  // MULTI_SET
 };

@@ -51,8 +51,8 @@ class TcpStore::Conn {
     if (rc != 0) throw IoError("cannot resolve store host '" + host + "': " + gai_strerror(rc));
     std::string last_error = "no address";
     for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                        ai->ai_protocol);
+      int fd =
+          ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
       if (fd < 0) {
         last_error = std::strerror(errno);
         continue;
@@ -264,8 +264,8 @@ static auto guarded(const std::string& where, const char* what, const std::strin
                        " timed out: " + e.what());
   } catch (const ProtocolError& e) {
     conn.reset();
-    throw ProtocolError(std::string(what) + " of key '" + detail::printable(key) + "' on " +
-                        where + ": " + e.what());
+    throw ProtocolError(std::string(what) + " of key '" + detail::printable(key) + "' on " + where +
+                        ": " + e.what());
   } catch (const IoError& e) {
     conn.reset();
     throw IoError(std::string(what) + " of key '" + detail::printable(key) + "' on " + where +
@@ -453,8 +453,8 @@ void TcpStore::append(const std::string& key, const std::string& value) {
     if (got == desired) return;
     if (Clock::now() > deadline) {
       throw TimeoutError("append to key '" + detail::printable(key) + "' on " + where() +
-                         " kept racing with other writers for " +
-                         std::to_string(timeout_.count()) + "ms");
+                         " kept racing with other writers for " + std::to_string(timeout_.count()) +
+                         "ms");
     }
   }
 }

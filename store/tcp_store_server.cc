@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio.hpp>
 #include <cstring>
 #include <deque>
 #include <future>
 #include <thread>
 #include <unordered_map>
-
-#include <boost/asio.hpp>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -329,8 +328,8 @@ void TcpStoreServer::Impl::do_accept() {
     }
     if (connections_.size() >= options_.max_connections) {
       if (stats_.refused++ % 1000 == 0) {
-        log_->warn("refusing a connection: {} open, --max-connections is {}",
-                   connections_.size(), options_.max_connections);
+        log_->warn("refusing a connection: {} open, --max-connections is {}", connections_.size(),
+                   options_.max_connections);
       }
       boost::system::error_code ignored;
       socket.close(ignored);
@@ -430,8 +429,7 @@ void TcpStoreServer::Impl::wake_one(const std::string& key) {
 }
 
 void TcpStoreServer::Impl::notify_watchers(const std::string& key, protocol::WatchResponse kind,
-                                           std::string_view old_value,
-                                           std::string_view new_value) {
+                                           std::string_view old_value, std::string_view new_value) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
   std::string event;
@@ -451,10 +449,9 @@ void TcpStoreServer::Impl::store_value(const std::string& key, std::string value
     std::string old = it == kv_.end() ? std::string() : it->second;
     bool created = it == kv_.end();
     kv_[key] = std::move(value);
-    notify_watchers(key,
-                    created ? protocol::WatchResponse::kKeyCreated
-                            : protocol::WatchResponse::kKeyUpdated,
-                    old, kv_[key]);
+    notify_watchers(
+        key, created ? protocol::WatchResponse::kKeyCreated : protocol::WatchResponse::kKeyUpdated,
+        old, kv_[key]);
   } else if (it == kv_.end()) {
     kv_.emplace(key, std::move(value));
   } else {
@@ -463,8 +460,7 @@ void TcpStoreServer::Impl::store_value(const std::string& key, std::string value
   wake(key);
 }
 
-bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req,
-                                   const char** why) {
+bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, const char** why) {
   ++stats_.requests;
   if (c.waiting()) {
     if (c.dialect() == Dialect::kV113) {
