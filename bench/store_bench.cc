@@ -2,12 +2,12 @@
 // (ctorch-store, torch 1.13's or torch 2.x's own TCPStore server).
 //
 //   ctorch-store-bench --host H --port P --clients K --seconds S --op set|get|add|mixed
-//                      [--dialect auto|v113|v2] [--value-bytes B]
+//                      [--dialect auto|v113|v2] [--value-bytes B] [--pipeline D]
 //   ctorch-store-bench --host H --port P --storm N [--dialect ...]
 //
 // Load: K connections in one epoll loop, each with one request in flight
-// (closed loop), so the generator costs one core at most and the server gets
-// the other. Operations on per-client keys:
+// (closed loop, as a torch client behaves), or --pipeline D of them, so the
+// generator costs one core at most and the server gets the other. Operations on per-client keys:
 //   set   SET k v, acknowledged by a pipelined CHECK [k] (SET has no reply);
 //   get   GET k (k set beforehand);
 //   add   ADD c 1;
@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,8 +90,9 @@ struct Client {
   std::string key;      // per-client value key
   std::string counter;  // per-client ADD key
   std::string in;
-  Reply expect = Reply::kU8;
-  Clock::time_point sent;
+  Reply expect = Reply::kU8;  // storm: the one reply awaited
+  // Load: requests in flight, oldest first (replies come back in order).
+  std::deque<std::pair<Reply, Clock::time_point>> inflight;
   int step = 0;  // position in the op cycle
   bool done = false;
   int stage = 0;  // storm: 0 connecting, 1 add sent, 2 wait sent, 3 released
@@ -137,22 +139,27 @@ class Bench {
     }
   }
 
-  // Reads what is available; true when the expected reply is complete
-  // (consumed from c.in).
+  // Reads until the expected reply is complete (true, consumed from c.in) or
+  // the socket has nothing more for now (false). A reply usually arrives in
+  // one segment, so the common case costs one recv.
   bool read_reply(Client& c) {
     char buf[65536];
     for (;;) {
       ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
       if (n > 0) {
         c.in.append(buf, static_cast<size_t>(n));
+        if (take_reply(c)) return true;
         continue;
       }
       if (n == 0) die("the server closed a connection");
-      if (errno == EAGAIN || errno == EINTR) break;
+      if (errno == EAGAIN || errno == EINTR) return false;
       die(std::string("recv: ") + std::strerror(errno));
     }
+  }
+
+  bool take_reply(Client& c) {
     size_t need = 0;
-    switch (c.expect) {
+    switch (c.inflight.empty() ? c.expect : c.inflight.front().first) {
       case Reply::kU8: need = 1; break;
       case Reply::kI64: need = 8; break;
       case Reply::kBytes:
@@ -204,7 +211,8 @@ Dialect settle_dialect(const std::string& host, int port, const std::string& nam
   }
 }
 
-int run_load(Bench& b, int clients, double seconds, const std::string& op, size_t value_bytes) {
+int run_load(Bench& b, int clients, double seconds, const std::string& op, size_t value_bytes,
+             int pipeline) {
   const std::string tag = std::to_string(std::random_device{}());
   const std::string value(value_bytes, 'v');
   std::vector<Client> cs(static_cast<size_t>(clients));
@@ -226,38 +234,55 @@ int run_load(Bench& b, int clients, double seconds, const std::string& op, size_
     b.watch(c, i);
   }
 
-  auto issue = [&](Client& c) {
-    std::string r;
-    std::string kind = op == "mixed" ? (c.step % 3 == 0 ? "set" : c.step % 3 == 1 ? "get" : "add")
-                                     : op;
-    if (kind == "set") {
-      r = b.request(Op::kSet);
-      protocol::put_bytes(&r, c.key);
-      protocol::put_bytes(&r, value);
-      r += b.request(Op::kCheck);
-      protocol::put_u64(&r, 1);
-      protocol::put_bytes(&r, c.key);
-      c.expect = Reply::kU8;
-    } else if (kind == "get") {
-      r = b.request(Op::kGet);
-      protocol::put_bytes(&r, c.key);
-      c.expect = Reply::kBytes;
-    } else {
-      r = b.request(Op::kAdd);
-      protocol::put_bytes(&r, c.counter);
-      protocol::put_i64(&r, 1);
-      c.expect = Reply::kI64;
-    }
+  // Each client's requests never change: build them once.
+  struct Prepared {
+    std::string set, get, add;
+  };
+  std::vector<Prepared> prepared(cs.size());
+  for (size_t i = 0; i < cs.size(); ++i) {
+    Prepared& pr = prepared[i];
+    pr.set = b.request(Op::kSet);
+    protocol::put_bytes(&pr.set, cs[i].key);
+    protocol::put_bytes(&pr.set, value);
+    pr.set += b.request(Op::kCheck);
+    protocol::put_u64(&pr.set, 1);
+    protocol::put_bytes(&pr.set, cs[i].key);
+    pr.get = b.request(Op::kGet);
+    protocol::put_bytes(&pr.get, cs[i].key);
+    pr.add = b.request(Op::kAdd);
+    protocol::put_bytes(&pr.add, cs[i].counter);
+    protocol::put_i64(&pr.add, 1);
+  }
+  enum Kind { kSet, kGet, kAdd };
+  const Kind fixed = op == "set" ? kSet : op == "get" ? kGet : kAdd;
+  const bool mixed = op == "mixed";
+  std::string batch;
+  // Appends client i's next request to `batch` and records it as in flight.
+  auto next_request = [&](size_t i, Clock::time_point now) {
+    Client& c = cs[i];
+    Kind kind = mixed ? static_cast<Kind>(c.step % 3) : fixed;
     ++c.step;
-    c.sent = Clock::now();
-    b.send_all(c, r);
+    if (kind == kSet) {
+      c.inflight.emplace_back(Reply::kU8, now);
+      batch += prepared[i].set;
+    } else if (kind == kGet) {
+      c.inflight.emplace_back(Reply::kBytes, now);
+      batch += prepared[i].get;
+    } else {
+      c.inflight.emplace_back(Reply::kI64, now);
+      batch += prepared[i].add;
+    }
   };
 
   std::vector<uint32_t> lat;
   lat.reserve(1 << 20);
   const auto start = Clock::now();
   const auto end = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  for (auto& c : cs) issue(c);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    batch.clear();
+    for (int d = 0; d < pipeline; ++d) next_request(i, start);
+    b.send_all(cs[i], batch);
+  }
   uint64_t ops = 0;
   size_t active = cs.size();
   std::vector<epoll_event> events(cs.size());
@@ -266,18 +291,25 @@ int run_load(Bench& b, int clients, double seconds, const std::string& op, size_
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) die("epoll_wait failed");
     if (Clock::now() > end + std::chrono::seconds(30)) die("the server stopped answering");
-    auto now = Clock::now();
     for (int e = 0; e < n; ++e) {
-      Client& c = cs[events[e].data.u64];
+      size_t i = events[e].data.u64;
+      Client& c = cs[i];
       if (c.done || !b.read_reply(c)) continue;
-      lat.push_back(static_cast<uint32_t>(
-          std::chrono::duration_cast<std::chrono::microseconds>(now - c.sent).count()));
-      ++ops;
-      if (now >= end) {
+      auto now = Clock::now();
+      batch.clear();
+      // Every complete reply: count it and, while the run lasts, replace it.
+      do {
+        lat.push_back(static_cast<uint32_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(now - c.inflight.front().second)
+                .count()));
+        c.inflight.pop_front();
+        ++ops;
+        if (now < end) next_request(i, now);
+      } while (!c.inflight.empty() && b.take_reply(c));
+      if (!batch.empty()) b.send_all(c, batch);
+      if (c.inflight.empty()) {
         c.done = true;
         --active;
-      } else {
-        issue(c);
       }
     }
   }
@@ -287,10 +319,10 @@ int run_load(Bench& b, int clients, double seconds, const std::string& op, size_
   double p99 = percentile(lat, 0.99);
   for (auto& c : cs) close(c.fd);
 
-  std::printf("%s: %d clients, %.1f s, %llu ops, %.0f ops/s, p50 %.0f us, p99 %.0f us (%s)\n",
-              op.c_str(), clients, elapsed, static_cast<unsigned long long>(ops), ops_per_s, p50,
+  std::printf("%s: %d clients x %d in flight, %.1f s, %llu ops, %.0f ops/s, p50 %.0f us, p99 %.0f us (%s)\n",
+              op.c_str(), clients, pipeline, elapsed, static_cast<unsigned long long>(ops), ops_per_s, p50,
               p99, protocol::to_string(b.dialect_));
-  nlohmann::json j = {{"mode", "load"},       {"op", op},        {"clients", clients},
+  nlohmann::json j = {{"mode", "load"},       {"op", op},        {"clients", clients}, {"pipeline", pipeline},
                       {"seconds", elapsed},   {"ops", ops},      {"ops_per_s", ops_per_s},
                       {"p50_us", p50},        {"p99_us", p99},   {"dialect", protocol::to_string(b.dialect_)}};
   std::printf("%s\n", j.dump().c_str());
@@ -387,6 +419,7 @@ int main(int argc, char** argv) {
   std::string dialect = "auto";
   int storm = 0;
   size_t value_bytes = 16;
+  int pipeline = 1;
   double storm_timeout = 120;
 
   CLI::App app{"ctorch-store-bench: load generator for TCPStore-compatible servers", "ctorch-store-bench"};
@@ -404,10 +437,14 @@ int main(int argc, char** argv) {
   app.add_option("--storm-timeout", storm_timeout, "give up on a storm after this many seconds")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--value-bytes", value_bytes, "value size for set/get")->capture_default_str();
+  app.add_option("--pipeline", pipeline,
+                 "requests each client keeps in flight (1 = a torch client's pattern: one "
+                 "request, wait for its reply)")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
 
   raise_fd_limit();
   Bench b(host, port, settle_dialect(host, port, dialect));
   if (storm > 0) return run_storm(b, storm, storm_timeout);
-  return run_load(b, clients, seconds, op, value_bytes);
+  return run_load(b, clients, seconds, op, value_bytes, pipeline);
 }

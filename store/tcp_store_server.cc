@@ -66,7 +66,7 @@ class TcpStoreServer::Impl {
 
   ServerOptions options_;
   std::shared_ptr<spdlog::logger> log_;
-  asio::io_context io_;
+  asio::io_context io_{1};  // one thread runs it: lets Asio skip some locking
   tcp::acceptor acceptor_;
   asio::steady_timer retry_timer_;
   std::thread thread_;
