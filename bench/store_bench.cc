@@ -31,18 +31,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "store/protocol.h"
 #include "store/tcp_store.h"
@@ -113,7 +112,8 @@ class Bench {
   }
 
   int open_socket(bool nonblocking_connect) {
-    int fd = socket(addr_.ss_family, SOCK_STREAM | SOCK_CLOEXEC | (nonblocking_connect ? SOCK_NONBLOCK : 0), 0);
+    int fd = socket(addr_.ss_family,
+                    SOCK_STREAM | SOCK_CLOEXEC | (nonblocking_connect ? SOCK_NONBLOCK : 0), 0);
     if (fd < 0) die(std::string("socket: ") + std::strerror(errno));
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -160,8 +160,12 @@ class Bench {
   bool take_reply(Client& c) {
     size_t need = 0;
     switch (c.inflight.empty() ? c.expect : c.inflight.front().first) {
-      case Reply::kU8: need = 1; break;
-      case Reply::kI64: need = 8; break;
+      case Reply::kU8:
+        need = 1;
+        break;
+      case Reply::kI64:
+        need = 8;
+        break;
       case Reply::kBytes:
         if (c.in.size() < 8) return false;
         need = 8 + protocol::read_u64(c.in.data());
@@ -277,7 +281,8 @@ int run_load(Bench& b, int clients, double seconds, const std::string& op, size_
   std::vector<uint32_t> lat;
   lat.reserve(1 << 20);
   const auto start = Clock::now();
-  const auto end = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const auto end =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   for (size_t i = 0; i < cs.size(); ++i) {
     batch.clear();
     for (int d = 0; d < pipeline; ++d) next_request(i, start);
@@ -319,12 +324,16 @@ int run_load(Bench& b, int clients, double seconds, const std::string& op, size_
   double p99 = percentile(lat, 0.99);
   for (auto& c : cs) close(c.fd);
 
-  std::printf("%s: %d clients x %d in flight, %.1f s, %llu ops, %.0f ops/s, p50 %.0f us, p99 %.0f us (%s)\n",
-              op.c_str(), clients, pipeline, elapsed, static_cast<unsigned long long>(ops), ops_per_s, p50,
-              p99, protocol::to_string(b.dialect_));
-  nlohmann::json j = {{"mode", "load"},       {"op", op},        {"clients", clients}, {"pipeline", pipeline},
-                      {"seconds", elapsed},   {"ops", ops},      {"ops_per_s", ops_per_s},
-                      {"p50_us", p50},        {"p99_us", p99},   {"dialect", protocol::to_string(b.dialect_)}};
+  std::printf(
+      "%s: %d clients x %d in flight, %.1f s, %llu ops, %.0f ops/s, p50 %.0f us, p99 %.0f us "
+      "(%s)\n",
+      op.c_str(), clients, pipeline, elapsed, static_cast<unsigned long long>(ops), ops_per_s, p50,
+      p99, protocol::to_string(b.dialect_));
+  nlohmann::json j = {{"mode", "load"},         {"op", op},
+                      {"clients", clients},     {"pipeline", pipeline},
+                      {"seconds", elapsed},     {"ops", ops},
+                      {"ops_per_s", ops_per_s}, {"p50_us", p50},
+                      {"p99_us", p99},          {"dialect", protocol::to_string(b.dialect_)}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -344,7 +353,8 @@ int run_storm(Bench& b, int n, double timeout_s) {
   }
   size_t released = 0;
   std::vector<epoll_event> events(cs.size());
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   while (released < cs.size()) {
     if (Clock::now() > deadline) {
       die("storm of " + std::to_string(n) + " not released within " + std::to_string(timeout_s) +
@@ -402,7 +412,9 @@ int run_storm(Bench& b, int n, double timeout_s) {
   for (auto& c : cs) close(c.fd);
   std::printf("storm: %d clients released in %.3f s (%s)\n", n, storm_s,
               protocol::to_string(b.dialect_));
-  nlohmann::json j = {{"mode", "storm"}, {"clients", n}, {"storm_s", storm_s},
+  nlohmann::json j = {{"mode", "storm"},
+                      {"clients", n},
+                      {"storm_s", storm_s},
                       {"dialect", protocol::to_string(b.dialect_)}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
@@ -422,25 +434,34 @@ int main(int argc, char** argv) {
   int pipeline = 1;
   double storm_timeout = 120;
 
-  CLI::App app{"ctorch-store-bench: load generator for TCPStore-compatible servers", "ctorch-store-bench"};
+  CLI::App app{"ctorch-store-bench: load generator for TCPStore-compatible servers",
+               "ctorch-store-bench"};
   app.add_option("--host", host, "server address")->capture_default_str();
   app.add_option("--port", port, "server port")->capture_default_str()->check(CLI::Range(1, 65535));
   app.add_option("--clients", clients, "concurrent connections (load mode)")
-      ->capture_default_str()->check(CLI::Range(1, 100000));
-  app.add_option("--seconds", seconds, "duration of the load")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--seconds", seconds, "duration of the load")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--op", op, "set, get, add or mixed")
-      ->capture_default_str()->check(CLI::IsMember({"set", "get", "add", "mixed"}));
-  app.add_option("--dialect", dialect, "auto probes the server; v113 for torch 1.13/2.0, v2 for 2.1+")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "v113", "v2"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"set", "get", "add", "mixed"}));
+  app.add_option("--dialect", dialect,
+                 "auto probes the server; v113 for torch 1.13/2.0, v2 for 2.1+")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "v113", "v2"}));
   app.add_option("--storm", storm, "run a rendezvous storm of N connections instead of a load")
       ->check(CLI::Range(1, 1000000));
   app.add_option("--storm-timeout", storm_timeout, "give up on a storm after this many seconds")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--value-bytes", value_bytes, "value size for set/get")->capture_default_str();
   app.add_option("--pipeline", pipeline,
                  "requests each client keeps in flight (1 = a torch client's pattern: one "
                  "request, wait for its reply)")
-      ->capture_default_str()->check(CLI::Range(1, 1024));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
 
   raise_fd_limit();

@@ -1,39 +1,39 @@
 #!/usr/bin/env bash
-# Sets up, builds, and runs an example: ctorch-store serving real PyTorch
-# (torch 1.13) processes: two gloo workers rendezvous through it exactly as
-# they would through torchrun's agent store, then all_reduce.
+# Sets up, builds, and runs an example job: a real PyTorch DDP training script
+# (examples/ddp_train.py, torch 1.13, gloo, 2 workers) under ctorchrun, where
+# rank 1 crashes at the start of epoch 1; ctorchrun restarts every worker, they
+# resume from the checkpoint of epoch 0, and the result is bit-identical to a
+# run that never crashed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CTORCHRUN_PYTHON=${CTORCHRUN_PYTHON:-/usr/bin/python3}
 
 scripts/setup.sh
 scripts/build.sh >/dev/null
-echo "demo: built build/bin/ctorch-store"
+echo "demo: built build/bin/ctorchrun"
 
-log=$(mktemp)
-build/bin/ctorch-store --host 127.0.0.1 --port 0 >"$log" 2>&1 &
-store_pid=$!
-trap 'kill "$store_pid" 2>/dev/null || true; wait "$store_pid" 2>/dev/null || true; rm -f "$log"' EXIT
-port=""
-for _ in $(seq 1 100); do
-  port=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$log")
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { cat "$log"; echo "demo: ctorch-store did not start"; exit 1; }
-echo "demo: ctorch-store listening on 127.0.0.1:$port"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
-echo "demo: two torch gloo workers init_process_group + all_reduce through it"
-"$CTORCHRUN_PYTHON" tests/torch/run_gloo_pair.py --host 127.0.0.1 --port "$port" --world 2
+echo
+echo "demo: 1. a clean run: ctorchrun --standalone --nproc_per_node=2 examples/ddp_train.py --epochs 3"
+build/bin/ctorchrun --standalone --nproc_per_node=2 \
+  examples/ddp_train.py --workdir "$work/clean" --epochs 3
 
-echo "demo: a torch TCPStore client's view"
-"$CTORCHRUN_PYTHON" - "$port" <<'PY'
-import sys, datetime
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, datetime.timedelta(seconds=10))
-store.set("greeting", "hello from torch " + __import__("torch").__version__)
-print("  get(greeting) ->", store.get("greeting").decode())
-print("  add(counter, 5) ->", store.add("counter", 5))
-print("  num_keys() ->", store.num_keys(), "(the workers' keys included)")
-PY
-echo "demo: done"
+echo
+echo "demo: 2. the same job, rank 1 crashing (exit 3) at the start of epoch 1, --max_restarts=1"
+build/bin/ctorchrun --standalone --nproc_per_node=2 --max_restarts=1 \
+  examples/ddp_train.py --workdir "$work/crash" --epochs 3 --fail-once-at-epoch 1
+
+clean=$("$CTORCHRUN_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["digest"])' "$work/clean/result.json")
+crash=$("$CTORCHRUN_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["digest"])' "$work/crash/result.json")
+how=$("$CTORCHRUN_PYTHON" -c 'import json,sys; r=json.load(open(sys.argv[1])); print("attempt %s, resumed from epoch %s" % (r["attempt"], r["resumed_from"]))' "$work/crash/result.json")
+echo
+echo "demo: final parameters, clean run:           sha256 $clean"
+echo "demo: final parameters, crashed and resumed: sha256 $crash ($how)"
+if [ "$clean" = "$crash" ]; then
+  echo "demo: identical: the restarted job resumed from its checkpoint and lost nothing"
+else
+  echo "demo: the digests differ"
+  exit 1
+fi

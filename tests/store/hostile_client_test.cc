@@ -4,7 +4,6 @@
 // the bytes actually received, not the lengths announced.
 
 #include <catch2/catch.hpp>
-
 #include <memory>
 #include <random>
 #include <thread>
@@ -114,8 +113,8 @@ TEST_CASE("ctorch-store: hundreds of stalled half-sent requests keep memory boun
   std::this_thread::sleep_for(200ms);
   CHECK(good_client_served(s.port));
   long rss_after = rss_kib(s.proc.pid());
-  INFO("rss before " << rss_before << " KiB, with " << kStalled << " stalled clients "
-                     << rss_after << " KiB");
+  INFO("rss before " << rss_before << " KiB, with " << kStalled << " stalled clients " << rss_after
+                     << " KiB");
   // Announced: 400 x 60 MiB = 24 GiB. Allowed: a few KiB of buffer each.
   CHECK(rss_after - rss_before < 48 * 1024);
   stalled.clear();
@@ -123,9 +122,10 @@ TEST_CASE("ctorch-store: hundreds of stalled half-sent requests keep memory boun
   CHECK(good_client_served(s.port));
 }
 
-TEST_CASE("ctorch-store: a client that pipelines large GETs and never reads is paused, not "
-          "buffered without bound",
-          "[net]") {
+TEST_CASE(
+    "ctorch-store: a client that pipelines large GETs and never reads is paused, not "
+    "buffered without bound",
+    "[net]") {
   StoreProcess s;
   REQUIRE(s.port > 0);
   {

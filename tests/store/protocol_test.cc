@@ -4,7 +4,6 @@
 #include "store/protocol.h"
 
 #include <catch2/catch.hpp>
-
 #include <limits>
 
 using namespace ctorchrun::store::protocol;
@@ -153,8 +152,8 @@ TEST_CASE("protocol: fields are decoded with their values", "[unit]") {
 TEST_CASE("protocol: several requests in one buffer parse one after another", "[unit]") {
   Limits limits;
   Dialect d = Dialect::kV113;
-  std::string wire = op_byte(d, Op::kSet) + bytes("/a") + bytes("1") +
-                     op_byte(d, Op::kGetNumKeys) + op_byte(d, Op::kGet) + bytes("/a");
+  std::string wire = op_byte(d, Op::kSet) + bytes("/a") + bytes("1") + op_byte(d, Op::kGetNumKeys) +
+                     op_byte(d, Op::kGet) + bytes("/a");
   Request req;
   size_t off = 0;
   std::vector<Op> ops;
@@ -218,8 +217,7 @@ TEST_CASE("protocol: lengths over the limits are errors as soon as the prefix ar
   for (Dialect d : {Dialect::kV113, Dialect::kV2}) {
     INFO("dialect " << to_string(d));
     // Exactly at the limit is fine.
-    CHECK(parse(d, op_byte(d, Op::kSet) + bytes(std::string(16, 'k')) +
-                       bytes(std::string(32, 'v')))
+    CHECK(parse(d, op_byte(d, Op::kSet) + bytes(std::string(16, 'k')) + bytes(std::string(32, 'v')))
               .status == ParseStatus::kComplete);
     // One over: error with only the length prefix in the buffer.
     CHECK(parse(d, op_byte(d, Op::kGet) + u64(17)).status == ParseStatus::kError);
@@ -231,8 +229,8 @@ TEST_CASE("protocol: lengths over the limits are errors as soon as the prefix ar
   CHECK(parse(Dialect::kV2, op_byte(Dialect::kV2, Op::kMultiSet) + u64(5)).status ==
         ParseStatus::kError);
   // A negative MULTI_SET count is a huge count, not a loop of -1 items.
-  CHECK(parse(Dialect::kV2, op_byte(Dialect::kV2, Op::kMultiSet) +
-                                u64(static_cast<uint64_t>(int64_t{-1})))
+  CHECK(parse(Dialect::kV2,
+              op_byte(Dialect::kV2, Op::kMultiSet) + u64(static_cast<uint64_t>(int64_t{-1})))
             .status == ParseStatus::kError);
 }
 

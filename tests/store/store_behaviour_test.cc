@@ -105,8 +105,8 @@ TEST_CASE("TcpStore: connecting to a closed port times out naming host and port"
 TEST_CASE("TcpStore auto against torch 1.13's own server: detects v113 and passes the suite",
           "[torch]") {
   testing::Process server({CTORCHRUN_TEST_PYTHON,
-                           CTORCHRUN_SOURCE_DIR "/tests/torch/torch_store_server.py", "--port",
-                           "0", "--duration", "120"});
+                           CTORCHRUN_SOURCE_DIR "/tests/torch/torch_store_server.py", "--port", "0",
+                           "--duration", "120"});
   int port = testing::wait_for_listening_port(server, 60s);
   REQUIRE(port > 0);
   auto make = tcp_clients(static_cast<uint16_t>(port), ClientDialect::kAuto);

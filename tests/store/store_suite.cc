@@ -1,8 +1,7 @@
 #include "tests/store/store_suite.h"
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <exception>
 #include <thread>

@@ -3,7 +3,6 @@
 #include "store/tcp_store_server.h"
 
 #include <catch2/catch.hpp>
-
 #include <memory>
 #include <thread>
 
@@ -34,8 +33,9 @@ std::string i64(int64_t v) { return wire::u64(static_cast<uint64_t>(v)); }
 
 }  // namespace
 
-TEST_CASE("TcpStoreServer: GET of a missing key returns an empty value, as torch 2.x's libuv server",
-          "[net]") {
+TEST_CASE(
+    "TcpStoreServer: GET of a missing key returns an empty value, as torch 2.x's libuv server",
+    "[net]") {
   auto server = local_server();
   for (Dialect d : {Dialect::kV113, Dialect::kV2}) {
     RawClient c(server->port());
@@ -184,13 +184,14 @@ TEST_CASE("TcpStoreServer: a misbehaving client loses its connection, others car
   std::vector<BadCase> cases = {
       {"unknown v113 opcode", std::string(1, '\x09')},
       {"unknown v2 opcode", wire::validate() + std::string(1, '\x12')},
-      {"VALIDATE with a wrong magic, later", wire::validate() + wire::op(Dialect::kV2, Op::kValidate) + wire::u32(1)},
-      {"ADD on a non-integer",
-       wire::op(Dialect::kV113, Op::kSet) + wire::str("/t") + wire::str("abc") +
-           wire::op(Dialect::kV113, Op::kAdd) + wire::str("/t") + i64(1)},
-      {"ADD overflowing int64",
-       wire::op(Dialect::kV113, Op::kAdd) + wire::str("/big") + i64(INT64_MAX) +
-           wire::op(Dialect::kV113, Op::kAdd) + wire::str("/big") + i64(1)},
+      {"VALIDATE with a wrong magic, later",
+       wire::validate() + wire::op(Dialect::kV2, Op::kValidate) + wire::u32(1)},
+      {"ADD on a non-integer", wire::op(Dialect::kV113, Op::kSet) + wire::str("/t") +
+                                   wire::str("abc") + wire::op(Dialect::kV113, Op::kAdd) +
+                                   wire::str("/t") + i64(1)},
+      {"ADD overflowing int64", wire::op(Dialect::kV113, Op::kAdd) + wire::str("/big") +
+                                    i64(INT64_MAX) + wire::op(Dialect::kV113, Op::kAdd) +
+                                    wire::str("/big") + i64(1)},
       {"second WAIT while one is pending (v2)",
        wire::validate() + wire::op(Dialect::kV2, Op::kWait) + wire::keys({"/w1"}) +
            wire::op(Dialect::kV2, Op::kWait) + wire::keys({"/w2"})},

@@ -3,7 +3,6 @@
 // they would through torchrun's agent store.
 
 #include <catch2/catch.hpp>
-
 #include <regex>
 
 #include "tests/support/process.h"
@@ -47,8 +46,8 @@ TEST_CASE("ctorch-store: every torch 1.13 TCPStore call from Python behaves as o
           "[torch]") {
   StoreProcess s;
   REQUIRE(s.port > 0);
-  auto [code, out] = run_script("store_api_check.py", {"--host", "127.0.0.1", "--port",
-                                                       std::to_string(s.port)});
+  auto [code, out] =
+      run_script("store_api_check.py", {"--host", "127.0.0.1", "--port", std::to_string(s.port)});
   INFO(out);
   CHECK(code == 0);
   auto [passed, failed] = tally(out);

@@ -32,7 +32,9 @@ inline std::string u32(uint32_t v) {
   store::protocol::put_u32(&s, v);
   return s;
 }
-inline std::string validate() { return op(Dialect::kV2, Op::kValidate) + u32(store::protocol::kValidationMagic); }
+inline std::string validate() {
+  return op(Dialect::kV2, Op::kValidate) + u32(store::protocol::kValidationMagic);
+}
 inline std::string keys(const std::vector<std::string>& ks) {
   std::string s = u64(ks.size());
   for (const auto& k : ks) s += str(k);

@@ -37,8 +37,8 @@ class Process {
   // Exit code, or 128+signal for a death by signal; -1 if still running at timeout.
   int exit_code(std::chrono::milliseconds timeout);
 
-  void signal(int sig);       // to the process
-  void signal_group(int sig); // to its process group
+  void signal(int sig);        // to the process
+  void signal_group(int sig);  // to its process group
 
  private:
   pid_t pid_ = -1;

@@ -1,0 +1,632 @@
+#include "agent/agent.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "agent/failure_summary.h"
+#include "agent/job_monitor.h"
+#include "agent/worker_env.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "rendezvous/static_handler.h"
+
+namespace ctorchrun::agent {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Exit codes (the contract is cli/exit_codes.h; the agent must not include cli/).
+constexpr int kFailed = 1;
+constexpr int kUsage = 2;
+constexpr int kRendezvous = 3;
+constexpr int kNetwork = 4;
+
+std::string random_suffix() {
+  static const char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  std::random_device rd;
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(kChars[rd() % (sizeof kChars - 1)]);
+  return s;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+int64_t epoch_seconds(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
+}
+
+// The relay signals go to; null: exit at once.
+std::atomic<SignalRelay*> g_relay{nullptr};
+
+// Thrown inside the loop when the job cannot go on; carries the exit code.
+struct JobEnd {
+  int exit_code;
+  std::string message;
+};
+
+}  // namespace
+
+void block_signals(const std::vector<int>& signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : signals) {
+    struct sigaction old {};
+    sigaction(s, nullptr, &old);
+    bool nohup = s == SIGHUP && old.sa_handler == SIG_IGN;
+    if (!nohup) {
+      signal(s, SIG_DFL);
+      sigaddset(&set, s);
+    }
+  }
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void start_signal_thread(const std::vector<int>& signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : signals) {
+    if (sigismember(&set, s) == 0) sigaddset(&set, s);
+  }
+  std::thread([set] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) continue;
+      if (SignalRelay* relay = g_relay.load()) {
+        relay->on_signal(sig);
+      } else {
+        get_logger("agent")->warn("received {}; exiting with {}", signal_name(sig), 128 + sig);
+        spdlog::shutdown();
+        std::_Exit(128 + sig);
+      }
+    }
+  }).detach();
+}
+
+void set_signal_relay(SignalRelay* relay) { g_relay = relay; }
+
+// ---------------------------------------------------------------------------
+
+class ElasticAgent::Impl {
+ public:
+  Impl(const LaunchConfig& config, rendezvous::Handler& rdzv, worker::Launcher& launcher,
+       EventLog& events)
+      : c_(config), rdzv_(rdzv), launcher_(launcher), events_(events), log_(get_logger("agent")) {}
+
+  RunResult run();
+  void on_signal(int sig);
+
+ private:
+  enum class Outcome { kSucceeded, kLocalFailure, kRemoteFailure, kSignal, kStoreLost, kNodeLost };
+
+  void make_run_dir();
+  std::vector<worker::WorkerSpec> worker_specs(int attempt);
+  Outcome watch(int attempt, std::vector<FailureRecord>* local_failures);
+  FailureRecord record_of(const worker::WorkerExit& e, int attempt) const;
+  FailureRecord publish_failure(int attempt, const std::vector<FailureRecord>& local);
+  void stop_workers(int sig, int attempt);
+  // Waits for `key` on the main store, bounded by the liveness of the job.
+  void await_key(const std::string& key, const char* what);
+  void check_job_alive(const char* what);
+  void sync_after_stop(int attempt, bool final);
+  bool exit_barrier(int attempt);  // false: a failure of this attempt appeared (restart)
+  void leave();
+  // False for a temporary log directory that holds no file with content.
+  bool logs_worth_keeping() const;
+  RunResult finish(int code, std::string message);
+
+  const LaunchConfig& c_;
+  rendezvous::Handler& rdzv_;
+  worker::Launcher& launcher_;
+  EventLog& events_;
+  std::shared_ptr<spdlog::logger> log_;
+
+  rendezvous::RendezvousInfo info_;
+  std::unique_ptr<JobMonitor> monitor_;
+  int base_rank_ = 0;
+  int world_size_ = 0;
+  std::string host_;
+  std::string log_base_;
+  bool temp_log_base_ = false;
+  std::string run_dir_;
+  int attempt_ = 0;
+
+  std::mutex phase_mutex_;
+  bool workers_running_ = false;
+  std::atomic<int> pending_signal_{0};
+};
+
+void ElasticAgent::Impl::on_signal(int sig) {
+  std::lock_guard<std::mutex> lock(phase_mutex_);
+  if (workers_running_) {
+    log_->warn("received {}: forwarding it to the workers", signal_name(sig));
+    pending_signal_ = sig;
+    launcher_.wake();
+    return;
+  }
+  // Nothing of ours runs: leave at once (the store, if we host it, goes with us).
+  log_->warn("received {} while no workers run; exiting with {}", signal_name(sig), 128 + sig);
+  events_.emit("finished", attempt_, {{"exit_code", 128 + sig}, {"signal", signal_name(sig)}});
+  spdlog::shutdown();
+  std::_Exit(128 + sig);
+}
+
+void ElasticAgent::Impl::make_run_dir() {
+  if (c_.log_dir.empty()) {
+    char tmpl[] = "/tmp/ctorchrun_XXXXXX";
+    if (!mkdtemp(tmpl)) {
+      throw JobEnd{kUsage, std::string("cannot create a temporary log directory: ") + std::strerror(errno)};
+    }
+    log_base_ = tmpl;
+    temp_log_base_ = true;
+  } else {
+    std::error_code ec;
+    fs::create_directories(c_.log_dir, ec);
+    if (ec) throw JobEnd{kUsage, "--log_dir: cannot create '" + c_.log_dir + "': " + ec.message()};
+    log_base_ = c_.log_dir;
+  }
+  run_dir_ = log_base_ + "/" + c_.run_id + "_" + random_suffix();
+  std::error_code ec;
+  fs::create_directories(run_dir_, ec);
+  if (ec) throw JobEnd{kUsage, "cannot create log directory '" + run_dir_ + "': " + ec.message()};
+}
+
+std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
+  std::vector<worker::WorkerSpec> specs;
+  const int nproc = c_.nproc_per_node;
+  for (int lr = 0; lr < nproc; ++lr) {
+    std::string dir = run_dir_ + "/attempt_" + std::to_string(attempt) + "/" + std::to_string(lr);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw JobEnd{kUsage, "cannot create log directory '" + dir + "': " + ec.message()};
+    WorkerPlacement p;
+    p.local_rank = lr;
+    p.global_rank = base_rank_ + lr;
+    p.local_world_size = nproc;
+    p.world_size = world_size_;
+    p.group_rank = info_.group_rank;
+    p.group_world_size = info_.group_world_size;
+    p.role = c_.role;
+    p.master_addr = info_.master_addr;
+    p.master_port = info_.master_port;
+    p.restart_count = attempt;
+    p.max_restarts = c_.max_restarts;
+    p.run_id = c_.run_id;
+    p.error_file = dir + "/error.json";
+
+    worker::WorkerSpec s;
+    s.local_rank = lr;
+    s.argv = substitute_local_rank(c_.entrypoint, lr);
+    s.env = build_worker_env(c_.environment, p);
+    s.tee = c_.tee_for(lr);
+    s.redirects = c_.redirects_for(lr) & ~s.tee;
+    s.stdout_path = dir + "/stdout.log";
+    s.stderr_path = dir + "/stderr.log";
+    s.prefix = "[" + c_.role + std::to_string(lr) + "]:";
+    if (c_.local_ranks_filter) {
+      const auto& f = *c_.local_ranks_filter;
+      s.console = std::find(f.begin(), f.end(), lr) != f.end();
+    }
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+FailureRecord ElasticAgent::Impl::record_of(const worker::WorkerExit& e, int attempt) const {
+  FailureRecord f;
+  f.rank = base_rank_ + e.local_rank;
+  f.local_rank = e.local_rank;
+  f.node_rank = info_.group_rank;
+  f.host = host_;
+  f.pid = e.pid;
+  f.signaled = e.signaled;
+  f.exit_code = e.exit_code;
+  f.signal = e.signal;
+  f.timestamp = epoch_seconds(e.time);
+  f.noticed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(e.time.time_since_epoch()).count();
+  f.attempt = attempt;
+  read_error_file(run_dir_ + "/attempt_" + std::to_string(attempt) + "/" +
+                      std::to_string(e.local_rank) + "/error.json",
+                  &f);
+  return f;
+}
+
+ElasticAgent::Impl::Outcome ElasticAgent::Impl::watch(int attempt,
+                                                      std::vector<FailureRecord>* local_failures) {
+  size_t succeeded = 0;
+  for (;;) {
+    auto exits = launcher_.wait(Clock::now() + 1s);
+    for (const auto& e : exits) {
+      nlohmann::json fields = {{"local_rank", e.local_rank},
+                               {"rank", base_rank_ + e.local_rank},
+                               {"pid", e.pid}};
+      if (e.signaled) {
+        fields["signal"] = signal_name(e.signal);
+      } else {
+        fields["exit_code"] = e.exit_code;
+      }
+      events_.emit("worker_exited", attempt, fields);
+      if (e.failed()) {
+        local_failures->push_back(record_of(e, attempt));
+      } else {
+        ++succeeded;
+      }
+    }
+    if (!local_failures->empty()) return Outcome::kLocalFailure;
+    if (pending_signal_) return Outcome::kSignal;
+    if (monitor_->failure(attempt)) return Outcome::kRemoteFailure;
+    if (monitor_->store_lost()) return Outcome::kStoreLost;
+    if (!monitor_->dead_nodes().empty()) return Outcome::kNodeLost;
+    if (succeeded == static_cast<size_t>(c_.nproc_per_node)) return Outcome::kSucceeded;
+  }
+}
+
+FailureRecord ElasticAgent::Impl::publish_failure(int attempt,
+                                                  const std::vector<FailureRecord>& local) {
+  FailureRecord root = *std::min_element(
+      local.begin(), local.end(),
+      [](const FailureRecord& a, const FailureRecord& b) { return a.earlier_than(b); });
+  std::string mine = root.to_json();
+  std::string winner = info_.store->compare_set(keys::failure(attempt), "", mine);
+  return winner == mine ? root : FailureRecord::from_json(winner);
+}
+
+void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
+  // Always: it also kills what exited workers left behind in their groups.
+  auto t0 = Clock::now();
+  auto stopped = launcher_.stop(sig, c_.shutdown_timeout);
+  if (!stopped.empty()) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    log_->debug("stopped {} workers in {}ms", stopped.size(), ms);
+    events_.emit("workers_stopped", attempt, {{"signal", signal_name(sig)}, {"count", stopped.size()}});
+  }
+  std::lock_guard<std::mutex> lock(phase_mutex_);
+  workers_running_ = false;
+}
+
+void ElasticAgent::Impl::check_job_alive(const char* what) {
+  if (monitor_->store_lost()) {
+    throw JobEnd{kRendezvous, std::string("lost the job's store at ") + info_.master_addr + ":" +
+                                  std::to_string(info_.master_port) + " while " + what + ": " +
+                                  monitor_->store_error()};
+  }
+  auto dead = monitor_->dead_nodes();
+  if (!dead.empty()) {
+    int n = dead.front();
+    throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
+                                  info_.nodes[static_cast<size_t>(n)].host +
+                                  ") stopped responding while " + what +
+                                  "; a static job cannot go on without it"};
+  }
+  for (int n = 0; n < info_.group_world_size; ++n) {
+    if (n != info_.group_rank && info_.store->check({keys::gone(n)})) {
+      throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
+                                    info_.nodes[static_cast<size_t>(n)].host + ") left the job while " +
+                                    what};
+    }
+  }
+}
+
+void ElasticAgent::Impl::await_key(const std::string& key, const char* what) {
+  for (;;) {
+    try {
+      info_.store->wait({key}, 200ms);
+      return;
+    } catch (const TimeoutError&) {
+    }
+    check_job_alive(what);
+  }
+}
+
+void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
+  int64_t n = info_.store->add(keys::stopped(attempt), 1);
+  if (n == info_.group_world_size) info_.store->set(keys::all_stopped(attempt), "1");
+  if (final) {
+    // The host keeps the store up until every node has read the failure.
+    if (info_.clear_worker_keys) {
+      auto deadline = Clock::now() + 10s;
+      while (Clock::now() < deadline) {
+        try {
+          info_.store->wait({keys::all_stopped(attempt)}, 200ms);
+          break;
+        } catch (const TimeoutError&) {
+        }
+        if (monitor_->store_lost() || !monitor_->dead_nodes().empty()) break;
+      }
+    }
+    return;
+  }
+  await_key(keys::all_stopped(attempt), "waiting for every node to stop its workers");
+  if (info_.clear_worker_keys) {
+    // No key written by this attempt's workers may be read by the next one's
+    // (torch 2.6+ workers use no attempt prefix).
+    size_t removed = info_.clear_worker_keys();
+    log_->debug("removed {} keys of attempt {} from the store", removed, attempt);
+    info_.store->set(keys::clean(attempt), "1");
+  } else {
+    await_key(keys::clean(attempt), "waiting for node 0 to clear the store");
+  }
+}
+
+bool ElasticAgent::Impl::exit_barrier(int attempt) {
+  int64_t n = info_.store->add(keys::done(attempt), 1);
+  if (n == info_.group_world_size) info_.store->set(keys::all_done(attempt), "1");
+  auto deadline = Clock::now() + c_.exit_barrier_timeout;
+  for (;;) {
+    try {
+      info_.store->wait({keys::all_done(attempt)}, 200ms);
+      return true;
+    } catch (const TimeoutError&) {
+    }
+    if (monitor_->failure(attempt)) return false;
+    if (monitor_->store_lost()) {
+      log_->warn("exit barrier: lost the job's store ({}); this node's workers succeeded",
+                 monitor_->store_error());
+      return true;
+    }
+    int live = info_.group_world_size;
+    auto dead = monitor_->dead_nodes();
+    for (int node = 0; node < info_.group_world_size; ++node) {
+      bool gone = std::find(dead.begin(), dead.end(), node) != dead.end() ||
+                  (node != info_.group_rank && info_.store->check({keys::gone(node)}));
+      if (gone) --live;
+    }
+    int64_t finished = info_.store->add(keys::done(attempt), 0);
+    if (finished >= live) {
+      log_->warn("exit barrier: {} of {} nodes finished; the others left the job", finished,
+                 info_.group_world_size);
+      return true;
+    }
+    if (Clock::now() >= deadline) {
+      log_->warn("exit barrier timed out after {}s: {} of {} nodes finished; this node's workers succeeded",
+                 c_.exit_barrier_timeout.count() / 1000, finished, info_.group_world_size);
+      return true;
+    }
+  }
+}
+
+void ElasticAgent::Impl::leave() {
+  if (!info_.store) return;
+  try {
+    info_.store->set(keys::gone(info_.group_rank), "1");
+  } catch (const Error&) {
+    // The store is gone already: nobody is left to tell.
+  }
+}
+
+bool ElasticAgent::Impl::logs_worth_keeping() const {
+  if (!temp_log_base_) return true;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(log_base_, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->file_size(ec) > 0) return true;
+  }
+  return false;
+}
+
+RunResult ElasticAgent::Impl::finish(int code, std::string message) {
+  events_.emit("finished", attempt_, {{"exit_code", code}});
+  // A temporary log directory goes when the job succeeded, or when it holds no
+  // file worth reading (no output was redirected, no error file written).
+  if (temp_log_base_ && !log_base_.empty() && (code == 0 || !logs_worth_keeping())) {
+    std::error_code ec;
+    fs::remove_all(log_base_, ec);
+  }
+  return RunResult{code, std::move(message)};
+}
+
+RunResult ElasticAgent::Impl::run() {
+  host_ = c_.local_addr.empty() ? hostname() : c_.local_addr;
+  log_->info("starting node_rank={} nnodes={} nproc_per_node={} master={}:{} run_id={} max_restarts={} "
+             "entrypoint={}",
+             c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
+             c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port),
+             c_.run_id, c_.max_restarts, c_.entrypoint_name);
+  try {
+    try {
+      info_ = rdzv_.next_rendezvous();
+    } catch (const ConfigError& e) {
+      throw JobEnd{kUsage, e.what()};
+    } catch (const TimeoutError& e) {
+      throw JobEnd{kRendezvous, e.what()};
+    } catch (const IoError& e) {
+      throw JobEnd{kNetwork, e.what()};
+    } catch (const Error& e) {
+      throw JobEnd{kRendezvous, std::string("rendezvous failed: ") + e.what()};
+    }
+    const auto& me = info_.nodes.at(static_cast<size_t>(info_.group_rank));
+    if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
+    std::vector<int> sizes;
+    for (const auto& n : info_.nodes) sizes.push_back(n.local_world_size);
+    base_rank_ = base_global_rank(sizes, info_.group_rank);
+    world_size_ = 0;
+    for (int s : sizes) world_size_ += s;
+    {
+      std::string table;
+      int r = 0;
+      for (const auto& n : info_.nodes) {
+        table += (table.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.group_rank) +
+                 " (" + n.host + ") ranks " + std::to_string(r) + "-" +
+                 std::to_string(r + n.local_world_size - 1);
+        r += n.local_world_size;
+      }
+      log_->info("rendezvous complete: run_id={} group_rank={} group_world_size={} world_size={} "
+                 "master={}:{}; {}",
+                 c_.run_id, info_.group_rank, info_.group_world_size, world_size_,
+                 info_.master_addr, info_.master_port, table);
+      events_.emit("rendezvous", 0,
+                   {{"group_rank", info_.group_rank},
+                    {"group_world_size", info_.group_world_size},
+                    {"world_size", world_size_},
+                    {"master_addr", info_.master_addr},
+                    {"master_port", info_.master_port}});
+    }
+    make_run_dir();
+    auto node_timeout = 15'000ms;
+    if (auto it = c_.rdzv_conf.find("node_timeout"); it != c_.rdzv_conf.end()) {
+      node_timeout = std::chrono::milliseconds(static_cast<int64_t>(std::stod(it->second) * 1000));
+    }
+    monitor_ = std::make_unique<JobMonitor>(info_.connect, info_.group_rank, info_.group_world_size,
+                                            [this] { launcher_.wake(); }, node_timeout, 5s);
+
+    for (attempt_ = 0;; ++attempt_) {
+      const int k = attempt_;
+      monitor_->watch_attempt(k);
+      auto specs = worker_specs(k);
+      {
+        std::lock_guard<std::mutex> lock(phase_mutex_);
+        workers_running_ = true;
+      }
+      std::vector<pid_t> pids;
+      try {
+        pids = launcher_.start(specs);
+      } catch (const IoError& e) {
+        FailureRecord f;
+        f.rank = base_rank_;
+        f.node_rank = info_.group_rank;
+        f.host = host_;
+        f.exit_code = 127;
+        f.message = e.what();
+        f.attempt = k;
+        info_.store->compare_set(keys::failure(k), "", f.to_json());
+        stop_workers(SIGKILL, k);
+        throw JobEnd{kUsage, e.what()};
+      }
+      {
+        std::string list;
+        for (size_t i = 0; i < pids.size(); ++i) {
+          list += (i ? " " : "") + std::to_string(pids[i]);
+        }
+        log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(), base_rank_,
+                   base_rank_ + c_.nproc_per_node - 1, list);
+        events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
+      }
+
+      std::vector<FailureRecord> local;
+      Outcome outcome = watch(k, &local);
+      if (outcome == Outcome::kSucceeded) {
+        stop_workers(SIGTERM, k);  // no worker runs: clears leftovers, updates the phase
+        if (exit_barrier(k)) {
+          log_->info("all workers of the job succeeded; exiting 0");
+          leave();
+          return finish(0, "");
+        }
+        outcome = Outcome::kRemoteFailure;
+      }
+      switch (outcome) {
+        case Outcome::kSignal: {
+          int sig = pending_signal_;
+          stop_workers(sig, k);
+          leave();
+          return finish(128 + sig, "stopped by " + signal_name(sig));
+        }
+        case Outcome::kStoreLost:
+          stop_workers(SIGTERM, k);
+          check_job_alive("running workers");  // throws with the cause
+          throw JobEnd{kRendezvous, "lost the job's store"};
+        case Outcome::kNodeLost:
+          stop_workers(SIGTERM, k);
+          check_job_alive("running workers");
+          throw JobEnd{kRendezvous, "lost a node"};
+        default:
+          break;
+      }
+
+      // A failure somewhere in the job: every node stops its workers.
+      FailureRecord root = outcome == Outcome::kLocalFailure ? publish_failure(k, local)
+                                                             : *monitor_->failure(k);
+      events_.emit("attempt_failed", k,
+                   {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
+      stop_workers(SIGTERM, k);
+      if (pending_signal_) {
+        int sig = pending_signal_;
+        leave();
+        return finish(128 + sig, "stopped by " + signal_name(sig));
+      }
+      const bool final = k >= c_.max_restarts;
+      sync_after_stop(k, final);
+      if (final) {
+        if (root.node_rank == info_.group_rank) {
+          std::vector<FailureRecord> shown = local.empty() ? std::vector<FailureRecord>{root} : local;
+          std::fprintf(stderr, "%s", format_failure_summary(c_.entrypoint_name, shown).c_str());
+          std::fflush(stderr);
+        }
+        std::string msg = "job failed after " + std::to_string(k) + "/" + std::to_string(c_.max_restarts) +
+                          " restarts: rank " + std::to_string(root.rank) + " (local_rank " +
+                          std::to_string(root.local_rank) + " on node " + std::to_string(root.node_rank) +
+                          ", " + root.host + ", pid " + std::to_string(root.pid) + ") failed with " +
+                          root.cause() + (root.node_rank == info_.group_rank ? "" : " (summary on that node)") +
+                          (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
+        leave();
+        return finish(kFailed, msg);
+      }
+      log_->warn("rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
+                 "(restart {}/{})",
+                 root.rank, root.local_rank, root.node_rank, root.cause(), k + 1, c_.max_restarts);
+      events_.emit("restart", k + 1, {{"restart", k + 1}, {"max_restarts", c_.max_restarts}});
+    }
+  } catch (const JobEnd& end) {
+    leave();
+    return finish(end.exit_code, end.message);
+  } catch (const Error& e) {
+    // The store failed under the main loop's feet.
+    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
+    std::string where = info_.master_addr + ":" + std::to_string(info_.master_port);
+    return finish(kRendezvous, std::string("lost the job's store at ") + where + ": " + e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------
+
+ElasticAgent::ElasticAgent(const LaunchConfig& config, rendezvous::Handler& rendezvous,
+                           worker::Launcher& launcher, EventLog& events)
+    : impl_(std::make_unique<Impl>(config, rendezvous, launcher, events)) {}
+
+ElasticAgent::~ElasticAgent() = default;
+
+RunResult ElasticAgent::run() { return impl_->run(); }
+
+void ElasticAgent::on_signal(int sig) { impl_->on_signal(sig); }
+
+RunResult run(const LaunchConfig& config) {
+  std::unique_ptr<EventLog> events;
+  try {
+    events = std::make_unique<EventLog>(config.events_file, config.run_id, config.node_rank);
+  } catch (const ConfigError& e) {
+    return RunResult{kUsage, e.what()};
+  }
+  rendezvous::StaticOptions so;
+  so.master_addr = config.master_addr;
+  so.master_port = config.master_port;
+  so.nnodes = config.nnodes();
+  so.node_rank = config.node_rank;
+  so.run_id = config.run_id;
+  so.timeout = config.rdzv_timeout;
+  so.local_world_size = config.nproc_per_node;
+  so.max_restarts = config.max_restarts;
+  so.host = config.local_addr.empty() ? hostname() : config.local_addr;
+  rendezvous::StaticHandler rdzv(so);
+  auto launcher = worker::make_process_launcher();
+  ElasticAgent agent(config, rdzv, *launcher, *events);
+  set_signal_relay(&agent);
+  RunResult r = agent.run();
+  set_signal_relay(nullptr);
+  return r;
+}
+
+}  // namespace ctorchrun::agent

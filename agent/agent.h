@@ -1,0 +1,67 @@
+#pragma once
+
+// The elastic agent: rendezvous -> assign ranks -> start workers -> watch ->
+// on a failure anywhere in the job, stop every node's workers, count one
+// job-wide restart and start again (or give up) -> on success, exit barrier.
+//
+// The loop is synchronous with explicit deadlines; worker exits, signals and
+// news from other nodes wake it through Launcher::wake(), never by polling.
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "agent/events.h"
+#include "agent/launch_config.h"
+#include "rendezvous/handler.h"
+#include "worker/launcher.h"
+
+namespace ctorchrun::agent {
+
+struct RunResult {
+  int exit_code = 0;    // the launcher's exit code (cli/exit_codes.h)
+  std::string message;  // why, when not 0 (already logged)
+};
+
+// Signals arrive on a thread of their own (sigwait); the agent decides what a
+// signal means in its current phase. Construct after blocking the signals.
+class SignalRelay {
+ public:
+  virtual ~SignalRelay() = default;
+  // Called once per signal from the signal thread.
+  virtual void on_signal(int sig) = 0;
+};
+
+// Blocks `signals` in the calling thread (call before any thread starts, so
+// every thread inherits the mask) and restores their default disposition so a
+// blocked signal is not discarded: an inherited SIG_IGN would otherwise drop
+// it (torchrun 1.13 ignores such a SIGINT). SIGHUP inherited as ignored (nohup)
+// stays ignored.
+void block_signals(const std::vector<int>& signals);
+
+// Starts a thread that sigwait()s for `signals` and hands each to the relay
+// currently registered (see set_signal_relay); with none registered, the
+// process exits at once with 128+N. Returns immediately.
+void start_signal_thread(const std::vector<int>& signals);
+void set_signal_relay(SignalRelay* relay);
+
+class ElasticAgent : public SignalRelay {
+ public:
+  ElasticAgent(const LaunchConfig& config, rendezvous::Handler& rendezvous,
+               worker::Launcher& launcher, EventLog& events);
+  ~ElasticAgent() override;
+
+  RunResult run();
+  void on_signal(int sig) override;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Builds the real rendezvous, launcher and event log from `config` and runs
+// the agent. Every failure of the world ends in a RunResult with its exit code.
+RunResult run(const LaunchConfig& config);
+
+}  // namespace ctorchrun::agent

@@ -1,0 +1,39 @@
+#pragma once
+
+// --events_file: one JSON object per line for every lifecycle event, appended.
+//
+//   {"time": "2026-11-22T14:35:48.123Z", "event": "workers_started", "run_id": "none",
+//    "node_rank": 0, "attempt": 0, ...event fields}
+//
+// Events: rendezvous, workers_started, worker_exited, attempt_failed, restart,
+// workers_stopped, finished (with exit_code), signal. Thread-safe; a write
+// failure is logged once and never stops the job.
+
+#include <fstream>
+#include <mutex>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ctorchrun::agent {
+
+class EventLog {
+ public:
+  // Empty path: events are dropped. Throws ConfigError if the file cannot be opened.
+  EventLog(const std::string& path, std::string run_id, int node_rank);
+
+  void emit(const std::string& event, int attempt, nlohmann::json fields = nlohmann::json::object());
+
+ private:
+  std::mutex mutex_;
+  std::ofstream out_;
+  std::string run_id_;
+  int node_rank_;
+  bool enabled_ = false;
+  bool failed_ = false;
+};
+
+// RFC 3339 UTC with milliseconds.
+std::string rfc3339_now();
+
+}  // namespace ctorchrun::agent

@@ -1,0 +1,52 @@
+#pragma once
+
+// The failure summary torchrun prints (same template, so log scrapers keep
+// working), and the records nodes exchange about a failure.
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ctorchrun::agent {
+
+struct FailureRecord {
+  int rank = -1;
+  int local_rank = -1;
+  int node_rank = -1;
+  std::string host;
+  int pid = 0;
+  bool signaled = false;
+  int exit_code = 0;
+  int signal = 0;
+  int64_t timestamp = 0;   // seconds since the epoch: error.json's, else when noticed
+  int64_t noticed_ns = 0;  // when the agent noticed the exit: orders ties of `timestamp`
+  std::string error_file;  // empty when the worker wrote none
+  std::string message;     // error.json's message or traceback; else a default
+  int attempt = 0;
+
+  // torchrun's "exitcode" column: the code, or minus the signal.
+  int torch_exitcode() const { return signaled ? -signal : exit_code; }
+  // "exit code 3" or "signal 11 (SIGSEGV)".
+  std::string cause() const;
+  std::string to_json() const;
+  static FailureRecord from_json(const std::string& json);  // throws ProtocolError
+  // The root cause comes first: earliest timestamp, then earliest noticed.
+  bool earlier_than(const FailureRecord& o) const {
+    return timestamp != o.timestamp ? timestamp < o.timestamp : noticed_ns < o.noticed_ns;
+  }
+};
+
+// Fills error_file/message/timestamp from the worker's error file if it wrote
+// one in torch's @record format ({"message": {"message", "extraInfo":
+// {"py_callstack", "timestamp"}}} or the flat {"message", "timestamp"}).
+// A missing or unreadable file leaves the defaults torchrun uses.
+void read_error_file(const std::string& path, FailureRecord* record);
+
+// torchrun's summary: "<name> FAILED", the other failures, then the root
+// cause (the earliest timestamp). `failures` must not be empty.
+std::string format_failure_summary(const std::string& entrypoint_name,
+                                   std::vector<FailureRecord> failures);
+
+std::string signal_name(int sig);  // "SIGSEGV"
+
+}  // namespace ctorchrun::agent

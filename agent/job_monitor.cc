@@ -1,0 +1,147 @@
+#include "agent/job_monitor.h"
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace ctorchrun::agent {
+
+namespace keys {
+std::string alive(int node) { return "alive/" + std::to_string(node); }
+std::string failure(int attempt) { return "attempt/" + std::to_string(attempt) + "/failure"; }
+std::string stopped(int attempt) { return "attempt/" + std::to_string(attempt) + "/stopped"; }
+std::string all_stopped(int attempt) { return "attempt/" + std::to_string(attempt) + "/all_stopped"; }
+std::string clean(int attempt) { return "attempt/" + std::to_string(attempt) + "/clean"; }
+std::string done(int attempt) { return "attempt/" + std::to_string(attempt) + "/done"; }
+std::string all_done(int attempt) { return "attempt/" + std::to_string(attempt) + "/all_done"; }
+std::string gone(int node) { return "gone/" + std::to_string(node); }
+}  // namespace keys
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+JobMonitor::JobMonitor(std::function<std::shared_ptr<store::Store>()> connect, int node, int nnodes,
+                       std::function<void()> notify, std::chrono::milliseconds node_timeout,
+                       std::chrono::milliseconds store_grace)
+    : state_(std::make_shared<State>()) {
+  state_->connect = std::move(connect);
+  state_->node = node;
+  state_->nnodes = nnodes;
+  state_->notify = std::move(notify);
+  state_->node_timeout = node_timeout;
+  state_->store_grace = store_grace;
+  std::thread(loop, state_).detach();
+}
+
+JobMonitor::~JobMonitor() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->stop = true;
+}
+
+void JobMonitor::watch_attempt(int attempt) { state_->attempt = attempt; }
+
+std::optional<FailureRecord> JobMonitor::failure(int attempt) const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (const auto& [k, f] : state_->failures) {
+    if (k == attempt) return f;
+  }
+  return std::nullopt;
+}
+
+std::string JobMonitor::store_error() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->store_error;
+}
+
+std::vector<int> JobMonitor::dead_nodes() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->dead;
+}
+
+void JobMonitor::loop(std::shared_ptr<State> st) {
+  std::shared_ptr<store::Store> store;
+  std::vector<int64_t> beats(static_cast<size_t>(st->nnodes), -1);
+  std::vector<Clock::time_point> changed(static_cast<size_t>(st->nnodes), Clock::now());
+  auto last_beat = Clock::now() - 1h;
+  auto last_scan = Clock::now();
+  bool failing = false;  // store calls keep failing since failing_since
+  Clock::time_point failing_since;
+  int seen_failure_of = -1;
+  auto stopped = [&] {
+    std::lock_guard<std::mutex> lock(st->mutex);
+    return st->stop;
+  };
+  // Runs `update` and then notify, both under the mutex, unless stopped.
+  auto publish = [&](const std::function<bool()>& update) {
+    std::lock_guard<std::mutex> lock(st->mutex);
+    if (st->stop) return;
+    if (update()) st->notify();
+  };
+
+  while (!stopped()) {
+    try {
+      if (!store) {
+        store = st->connect();
+        store->set_timeout(2s);
+      }
+      auto now = Clock::now();
+      if (now - last_beat >= 500ms) {
+        store->add(keys::alive(st->node), 1);
+        last_beat = now;
+      }
+      if (now - last_scan >= 1s) {
+        last_scan = now;
+        std::vector<int> dead;
+        for (int n = 0; n < st->nnodes; ++n) {
+          if (n == st->node) continue;
+          int64_t b = store->add(keys::alive(n), 0);
+          auto i = static_cast<size_t>(n);
+          if (b != beats[i]) {
+            beats[i] = b;
+            changed[i] = now;
+          } else if (now - changed[i] > st->node_timeout && !store->check({keys::gone(n)})) {
+            dead.push_back(n);
+          }
+        }
+        publish([&] {
+          bool newly_dead = dead.size() > st->dead.size();
+          st->dead = dead;
+          return newly_dead;
+        });
+      }
+      int k = st->attempt;
+      if (k != seen_failure_of) {
+        try {
+          store->wait({keys::failure(k)}, 250ms);
+          FailureRecord f = FailureRecord::from_json(store->get(keys::failure(k)));
+          seen_failure_of = k;
+          publish([&] {
+            st->failures.emplace_back(k, f);
+            return true;
+          });
+        } catch (const TimeoutError&) {
+          // Not failed (yet).
+        }
+      } else {
+        std::this_thread::sleep_for(250ms);
+      }
+      failing = false;
+    } catch (const Error& e) {
+      store.reset();
+      auto now = Clock::now();
+      if (!failing) {
+        failing = true;
+        failing_since = now;
+      }
+      if (now - failing_since >= st->store_grace && !st->store_lost) {
+        publish([&] {
+          st->store_error = e.what();
+          st->store_lost = true;
+          return true;
+        });
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+}
+
+}  // namespace ctorchrun::agent

@@ -1,0 +1,70 @@
+#pragma once
+
+// LaunchConfig: everything the agent needs to run one node of a job, as plain
+// data. The command line (cli/) fills it in and validates it; the agent reads
+// it and never looks at argv or the environment for its settings.
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ctorchrun::agent {
+
+struct LaunchConfig {
+  // Membership. Static rendezvous: min_nodes == max_nodes == nnodes.
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int nproc_per_node = 1;
+  int node_rank = 0;
+
+  // Rendezvous.
+  std::string rdzv_backend = "static";
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;  // 0 only with --standalone: a free port
+  std::string run_id = "none";
+  std::map<std::string, std::string> rdzv_conf;
+  std::chrono::milliseconds rdzv_timeout{900'000};  // rdzv_conf timeout, torchrun's 900 s
+  std::string local_addr;  // this node's address for others; empty: its hostname
+  bool standalone = false;
+
+  // Restarts and stopping.
+  int max_restarts = 0;
+  std::chrono::milliseconds shutdown_timeout{30'000};
+  std::chrono::milliseconds exit_barrier_timeout{300'000};
+  std::vector<int> signals_to_handle;  // SIGTERM, SIGINT, SIGHUP, SIGQUIT by default
+
+  // The environment workers inherit (the launcher's, plus what the command
+  // line decided, such as OMP_NUM_THREADS=1); the agent adds torchrun's
+  // variables on top.
+  std::map<std::string, std::string> environment;
+
+  // What each worker runs: the full argv (interpreter and flags included);
+  // "${local_rank}" in an argument is replaced per worker, as torchrun does.
+  std::vector<std::string> entrypoint;
+  std::string role = "default";
+  // Name shown in the failure summary: the script, module or binary.
+  std::string entrypoint_name;
+
+  // Output and logs.
+  std::string log_dir;                  // empty: a temporary directory
+  unsigned redirects_default = 0;       // bit 1 stdout, bit 2 stderr
+  std::map<int, unsigned> redirects;    // per local rank
+  unsigned tee_default = 0;
+  std::map<int, unsigned> tee;
+  std::optional<std::vector<int>> local_ranks_filter;  // ranks whose teed output reaches the console
+  std::string events_file;
+
+  unsigned redirects_for(int local_rank) const {
+    auto it = redirects.find(local_rank);
+    return it == redirects.end() ? redirects_default : it->second;
+  }
+  unsigned tee_for(int local_rank) const {
+    auto it = tee.find(local_rank);
+    return it == tee.end() ? tee_default : it->second;
+  }
+  int nnodes() const { return max_nodes; }
+};
+
+}  // namespace ctorchrun::agent

@@ -1,0 +1,41 @@
+#pragma once
+
+// The environment torchrun gives each worker, built from the agent's own.
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ctorchrun::agent {
+
+struct WorkerPlacement {
+  int local_rank = 0;
+  int global_rank = 0;
+  int local_world_size = 1;
+  int world_size = 1;
+  int group_rank = 0;
+  int group_world_size = 1;
+  std::string role = "default";
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string run_id = "none";
+  std::string error_file;
+};
+
+// `base` plus torchrun's variables, formatted as torchrun formats them
+// (decimal integers, "True" for TORCHELASTIC_USE_AGENT_STORE). Both
+// NCCL_ASYNC_ERROR_HANDLING (torch 1.13) and TORCH_NCCL_ASYNC_ERROR_HANDLING
+// (torch 2.x) are set to "1" unless the agent's environment sets them.
+std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
+                                                    const WorkerPlacement& p);
+
+// Global rank of local rank 0 of `group_rank`: the sum of the local world
+// sizes of the lower group ranks (torchrun's formula when nodes are alike).
+int base_global_rank(const std::vector<int>& local_world_sizes, int group_rank);
+
+// torchrun's legacy "${local_rank}" macro, replaced in every argument.
+std::vector<std::string> substitute_local_rank(const std::vector<std::string>& argv, int local_rank);
+
+}  // namespace ctorchrun::agent

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Launch and restart benchmark: ctorchrun against torchrun, same machine, same run.
+
+    /usr/bin/python3 bench/launch_bench.py [--runs N] [--nproc 4]
+
+1. launch: wall time of `LAUNCHER --nproc_per_node=4 --no_python /bin/true`,
+   end to end (start of the command to its exit), N runs each, alternating.
+2. restart: with build/bin/stamp_worker, rank 1 fails at once in attempt 0;
+   measured from the failing worker's exit stamp to the start of the last
+   replacement worker of attempt 1 (and the whole job's wall time).
+
+torchrun is Debian's /usr/bin/torchrun (torch 1.13) with the flags it needs on
+Python 3.11 (--redirects 9:1 --tee 9:1) and torch 2.x's default
+--monitor_interval 0.1. Prints a markdown table of medians and ratios.
+"""
+import argparse
+import glob
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CTORCHRUN = os.path.join(ROOT, "build", "bin", "ctorchrun")
+STAMP = os.path.join(ROOT, "build", "bin", "stamp_worker")
+TORCHRUN = ["/usr/bin/python3", "/usr/bin/torchrun", "--redirects", "9:1", "--tee", "9:1",
+            "--monitor_interval", "0.1"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher(name):
+    port = str(free_port())
+    if name == "ctorchrun":
+        return [CTORCHRUN, "--master_port", port]
+    return TORCHRUN + ["--master_addr", "127.0.0.1", "--master_port", port]
+
+
+def run(cmd, timeout=120):
+    env = dict(os.environ, LOGLEVEL="WARNING")
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout, env=env)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        sys.exit(f"{cmd[0]} exited {p.returncode}: {p.stderr.decode()[-2000:]}")
+    return dt
+
+
+def read_ns(path):
+    with open(path) as f:
+        return int(f.read())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--nproc", type=int, default=4)
+    a = ap.parse_args()
+    names = ["ctorchrun", "torchrun"]
+    launch = {n: [] for n in names}
+    restart = {n: [] for n in names}
+    restart_job = {n: [] for n in names}
+    for _ in range(a.runs):
+        for n in names:
+            launch[n].append(run(launcher(n) + ["--nproc_per_node", str(a.nproc), "--no_python", "/bin/true"]))
+    for _ in range(max(3, a.runs // 2)):
+        for n in names:
+            with tempfile.TemporaryDirectory() as d:
+                wall = run(launcher(n) + ["--nproc_per_node", str(a.nproc), "--max_restarts", "1",
+                                          "--no_python", STAMP, d, "1"])
+                fail = read_ns(os.path.join(d, "fail_1"))
+                starts = [read_ns(p) for p in glob.glob(os.path.join(d, "start_1_*"))]
+                if len(starts) != a.nproc:
+                    sys.exit(f"{n}: {len(starts)} replacement workers started, expected {a.nproc}")
+                restart[n].append((max(starts) - fail) / 1e6)
+                restart_job[n].append(wall)
+
+    med = {k: {n: statistics.median(v[n]) for n in names} for k, v in
+           (("launch", launch), ("restart", restart), ("restart_job", restart_job))}
+    print(f"machine: {os.cpu_count()} CPUs; runs: launch {a.runs} each, restart {len(restart['ctorchrun'])} each")
+    print()
+    print("| measurement | ctorchrun (median) | torchrun (median) | torchrun / ctorchrun |")
+    print("| --- | --- | --- | --- |")
+    print(f"| launch `--nproc_per_node={a.nproc} --no_python /bin/true`, wall | "
+          f"{med['launch']['ctorchrun']*1e3:.1f} ms | {med['launch']['torchrun']*1e3:.0f} ms | "
+          f"{med['launch']['torchrun']/med['launch']['ctorchrun']:.0f}x |")
+    print(f"| failing worker's exit -> all {a.nproc} replacements running | "
+          f"{med['restart']['ctorchrun']:.1f} ms | {med['restart']['torchrun']:.0f} ms | "
+          f"{med['restart']['torchrun']/med['restart']['ctorchrun']:.0f}x |")
+    print(f"| whole fail -> restart -> success job, wall | "
+          f"{med['restart_job']['ctorchrun']*1e3:.1f} ms | {med['restart_job']['torchrun']*1e3:.0f} ms | "
+          f"{med['restart_job']['torchrun']/med['restart_job']['ctorchrun']:.0f}x |")
+    print()
+    print("raw launch ms:", {n: [round(x * 1e3, 1) for x in launch[n]] for n in names})
+    print("raw restart ms:", {n: [round(x, 1) for x in restart[n]] for n in names})
+
+
+if __name__ == "__main__":
+    main()

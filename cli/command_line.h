@@ -1,0 +1,33 @@
+#pragma once
+
+// torchrun's command line, parsed into a LaunchConfig.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "agent/launch_config.h"
+
+namespace ctorchrun::cli {
+
+struct ParseOutcome {
+  enum class Kind { kRun, kExit } kind = Kind::kRun;
+  agent::LaunchConfig config;
+  int exit_code = 0;    // kExit: 0 after --help/--version, 2 after a usage error
+  std::string message;  // kExit: what to print (help text, or the one-line error)
+  std::vector<std::string> notices;  // kRun: one-time notices (torchrun's OMP_NUM_THREADS one)
+};
+
+// Parses argv as torchrun does: every option in both spellings (--nproc_per_node
+// and --nproc-per-node), PET_<NAME> environment fallbacks, the script and its
+// arguments passed through untouched. `env` is the launcher's environment.
+// Never throws for bad input: a usage error is a kExit outcome with code 2 and
+// a one-line message.
+ParseOutcome parse_command_line(int argc, const char* const* argv,
+                                const std::map<std::string, std::string>& env);
+
+// Number of GPUs visible on this machine, counted without linking CUDA
+// (CUDA_VISIBLE_DEVICES narrows it, as CUDA does).
+int count_gpus(const std::map<std::string, std::string>& env);
+
+}  // namespace ctorchrun::cli

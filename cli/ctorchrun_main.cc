@@ -1,0 +1,62 @@
+// ctorchrun: the launcher. Parses torchrun's command line, runs this node's
+// agent, and turns its result into the exit code (cli/exit_codes.h).
+
+#include <signal.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "agent/agent.h"
+#include "cli/command_line.h"
+#include "cli/exit_codes.h"
+#include "common/error.h"
+#include "common/log.h"
+
+extern char** environ;
+
+int main(int argc, char** argv) {
+  using namespace ctorchrun;
+  // Handle the stop signals from the first instant: blocked here (every later
+  // thread inherits the mask), taken by a sigwait thread below.
+  const std::vector<int> default_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  agent::block_signals(default_signals);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+
+  cli::ParseOutcome parsed = cli::parse_command_line(argc, argv, env);
+  if (parsed.kind == cli::ParseOutcome::Kind::kExit) {
+    std::FILE* out = parsed.exit_code == 0 ? stdout : stderr;
+    std::fprintf(out, "%s%s", parsed.message.c_str(),
+                 parsed.message.empty() || parsed.message.back() == '\n' ? "" : "\n");
+    return parsed.exit_code;
+  }
+  const agent::LaunchConfig& config = parsed.config;
+  agent::block_signals(config.signals_to_handle);
+  std::vector<int> handled = default_signals;
+  for (int s : config.signals_to_handle) handled.push_back(s);
+  agent::start_signal_thread(handled);
+
+  setup_logging(spdlog::level::info);
+  for (const auto& notice : parsed.notices) std::fprintf(stderr, "%s\n", notice.c_str());
+
+  auto log = get_logger("cli");
+  try {
+    agent::RunResult r = agent::run(config);
+    if (r.exit_code != kExitSuccess && !r.message.empty()) log->error("{}", r.message);
+    if (r.exit_code != kExitSuccess) log->info("exiting with code {}", r.exit_code);
+    return r.exit_code;
+  } catch (const InternalError& e) {
+    log->critical("{}", e.what());
+    return kExitInternal;
+  } catch (const std::exception& e) {
+    log->critical("internal error: {} (please report this)", e.what());
+    return kExitInternal;
+  }
+}

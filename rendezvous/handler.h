@@ -1,0 +1,54 @@
+#pragma once
+
+// rendezvous::Handler: answers "who is in this job, what is my group rank,
+// where is the store". The shape of torchelastic's RendezvousHandler.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "store/store.h"
+
+namespace ctorchrun::rendezvous {
+
+// What one node announced when it joined.
+struct NodeInfo {
+  int group_rank = 0;
+  int local_world_size = 0;
+  int max_restarts = 0;
+  std::string host;
+  int pid = 0;
+};
+
+struct RendezvousInfo {
+  // The agents' own namespace of the job's store (keys there never collide
+  // with torch's). Shared by the agent's threads only through `connect`.
+  std::shared_ptr<store::Store> store;
+  // Opens another connection to the same namespace, for a thread of its own
+  // (a blocking wait on one connection must not stall another thread).
+  std::function<std::shared_ptr<store::Store>()> connect;
+  // The raw-key prefix of that namespace on the wire ("/ctorchrun/").
+  std::string namespace_prefix;
+  int group_rank = 0;
+  int group_world_size = 0;
+  std::vector<NodeInfo> nodes;  // indexed by group rank
+  // Where workers reach the store (MASTER_ADDR, MASTER_PORT).
+  std::string master_addr;
+  int master_port = 0;
+  // On the node that hosts the store: removes every key outside the agents'
+  // namespace (what workers wrote) and returns how many. Empty elsewhere.
+  std::function<size_t()> clear_worker_keys;
+};
+
+class Handler {
+ public:
+  virtual ~Handler() = default;
+  // Joins the job and returns its membership. Throws TimeoutError (not every
+  // node joined in time; the message names the endpoint and who is missing),
+  // IoError (cannot host or reach the store), ConfigError (nodes disagree).
+  virtual RendezvousInfo next_rendezvous() = 0;
+  virtual const std::string& run_id() const = 0;
+};
+
+}  // namespace ctorchrun::rendezvous

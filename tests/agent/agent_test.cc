@@ -1,0 +1,215 @@
+// The agent loop against fakes: a scripted launcher (torchelastic's TestAgent
+// idea) and a rendezvous over an in-memory store. No processes, no sockets.
+
+#include "agent/agent.h"
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "store/hash_store.h"
+#include "store/prefix_store.h"
+
+using namespace ctorchrun;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Each attempt's workers exit as the script says: exit code per local rank,
+// or -N for death by signal N; nullopt: the worker keeps running until stopped.
+using Script = std::function<std::optional<int>(int attempt, int local_rank)>;
+
+class FakeLauncher : public worker::Launcher {
+ public:
+  explicit FakeLauncher(Script script) : script_(std::move(script)) {}
+
+  std::vector<pid_t> start(const std::vector<worker::WorkerSpec>& specs) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    starts.push_back(specs);
+    int attempt = std::stoi(specs.at(0).env.at("TORCHELASTIC_RESTART_COUNT"));
+    std::vector<pid_t> pids;
+    running_.clear();
+    for (const auto& s : specs) {
+      pid_t pid = next_pid_++;
+      pids.push_back(pid);
+      auto code = script_(attempt, s.local_rank);
+      if (code) {
+        worker::WorkerExit e;
+        e.local_rank = s.local_rank;
+        e.pid = pid;
+        e.signaled = *code < 0;
+        e.signal = *code < 0 ? -*code : 0;
+        e.exit_code = *code < 0 ? 0 : *code;
+        e.time = std::chrono::system_clock::now();
+        pending_.push_back(e);
+      } else {
+        running_.push_back(s.local_rank);
+      }
+    }
+    return pids;
+  }
+  std::vector<worker::WorkerExit> wait(std::chrono::steady_clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait_until(lock, deadline, [&] { return !pending_.empty() || woken_; });
+    woken_ = false;
+    std::vector<worker::WorkerExit> out(pending_.begin(), pending_.end());
+    pending_.clear();
+    return out;
+  }
+  void wake() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_ = true;
+    cv_.notify_all();
+  }
+  void signal_all(int) override {}
+  std::vector<worker::WorkerExit> stop(int sig, std::chrono::milliseconds) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_signals.push_back(sig);
+    std::vector<worker::WorkerExit> out;
+    for (int lr : running_) {
+      worker::WorkerExit e;
+      e.local_rank = lr;
+      e.signaled = true;
+      e.signal = sig;
+      out.push_back(e);
+    }
+    running_.clear();
+    pending_.clear();
+    return out;
+  }
+  size_t running() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return running_.size();
+  }
+
+  std::vector<std::vector<worker::WorkerSpec>> starts;
+  std::vector<int> stop_signals;
+
+ private:
+  Script script_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<worker::WorkerExit> pending_;
+  std::vector<int> running_;
+  bool woken_ = false;
+  pid_t next_pid_ = 1000;
+};
+
+// One node that hosts an in-memory store.
+class FakeRendezvous : public rendezvous::Handler {
+ public:
+  rendezvous::RendezvousInfo next_rendezvous() override {
+    rendezvous::RendezvousInfo info;
+    auto ns = std::make_shared<store::PrefixStore>("ctorchrun/none", hash);
+    info.store = ns;
+    info.connect = [ns] { return ns; };
+    info.namespace_prefix = "ctorchrun/";
+    info.group_rank = 0;
+    info.group_world_size = 1;
+    info.nodes = {rendezvous::NodeInfo{0, 2, 0, "fakehost", 1}};
+    info.master_addr = "127.0.0.1";
+    info.master_port = 1234;
+    info.clear_worker_keys = [this] {
+      ++clears;
+      hash->set("worker-key-seen-by-next-attempt", "");
+      return hash->delete_key("worker-key-seen-by-next-attempt") ? 1 : 0;
+    };
+    return info;
+  }
+  const std::string& run_id() const override { return id_; }
+
+  std::shared_ptr<store::HashStore> hash = std::make_shared<store::HashStore>();
+  int clears = 0;
+
+ private:
+  std::string id_ = "none";
+};
+
+agent::LaunchConfig config(int max_restarts) {
+  agent::LaunchConfig c;
+  c.nproc_per_node = 2;
+  c.max_restarts = max_restarts;
+  c.entrypoint = {"/bin/true"};
+  c.entrypoint_name = "/bin/true";
+  c.log_dir = "/tmp/ctorchrun_agent_test_logs";
+  c.shutdown_timeout = 100ms;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("agent: all workers succeed -> exit 0, one attempt", "[unit]") {
+  FakeLauncher launcher([](int, int) { return 0; });
+  FakeRendezvous rdzv;
+  auto c = config(3);
+  agent::EventLog events("", "none", 0);
+  agent::ElasticAgent a(c, rdzv, launcher, events);
+  auto r = a.run();
+  CHECK(r.exit_code == 0);
+  CHECK(launcher.starts.size() == 1);
+  CHECK(rdzv.clears == 0);
+}
+
+TEST_CASE("agent: a failure restarts every worker with the next restart count", "[unit]") {
+  // Rank 1 fails in attempts 0 and 1; attempt 2 succeeds.
+  FakeLauncher launcher([](int attempt, int lr) -> std::optional<int> {
+    if (lr == 1 && attempt < 2) return 3;
+    if (attempt < 2) return std::nullopt;  // rank 0 runs until stopped
+    return 0;
+  });
+  FakeRendezvous rdzv;
+  auto c = config(2);
+  agent::EventLog events("", "none", 0);
+  agent::ElasticAgent a(c, rdzv, launcher, events);
+  auto r = a.run();
+  CHECK(r.exit_code == 0);
+  REQUIRE(launcher.starts.size() == 3);
+  for (int k = 0; k < 3; ++k) {
+    for (const auto& spec : launcher.starts[static_cast<size_t>(k)]) {
+      CHECK(spec.env.at("TORCHELASTIC_RESTART_COUNT") == std::to_string(k));
+      CHECK(spec.env.at("TORCHELASTIC_MAX_RESTARTS") == "2");
+    }
+  }
+  CHECK(rdzv.clears == 2);  // the store was cleared before each restart
+  CHECK(std::count(launcher.stop_signals.begin(), launcher.stop_signals.end(), SIGTERM) >= 2);
+}
+
+TEST_CASE("agent: restarts exhausted -> exit 1 naming the rank and the cause", "[unit]") {
+  FakeLauncher launcher([](int, int lr) -> std::optional<int> {
+    if (lr == 0) return -SIGSEGV;
+    return std::nullopt;
+  });
+  FakeRendezvous rdzv;
+  auto c = config(1);
+  agent::EventLog events("", "none", 0);
+  agent::ElasticAgent a(c, rdzv, launcher, events);
+  auto r = a.run();
+  CHECK(r.exit_code == 1);
+  CHECK(launcher.starts.size() == 2);
+  CHECK(r.message.find("rank 0") != std::string::npos);
+  CHECK(r.message.find("SIGSEGV") != std::string::npos);
+  CHECK(r.message.find("1/1 restarts") != std::string::npos);
+}
+
+TEST_CASE("agent: a signal while workers run is forwarded, then the agent exits 128+N", "[unit]") {
+  FakeLauncher launcher([](int, int) -> std::optional<int> { return std::nullopt; });
+  FakeRendezvous rdzv;
+  auto c = config(3);
+  agent::EventLog events("", "none", 0);
+  agent::ElasticAgent a(c, rdzv, launcher, events);
+  std::thread t([&] {
+    for (int i = 0; i < 500 && launcher.running() == 0; ++i) std::this_thread::sleep_for(2ms);
+    a.on_signal(SIGTERM);
+  });
+  auto r = a.run();
+  t.join();
+  CHECK(r.exit_code == 128 + SIGTERM);
+  REQUIRE_FALSE(launcher.stop_signals.empty());
+  CHECK(launcher.stop_signals.front() == SIGTERM);
+  CHECK(launcher.starts.size() == 1);
+}

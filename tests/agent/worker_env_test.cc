@@ -1,0 +1,104 @@
+// The worker environment and the failure summary, as torchrun forms them.
+
+#include "agent/worker_env.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+#include "agent/failure_summary.h"
+
+using namespace ctorchrun::agent;
+
+TEST_CASE("worker env: torchrun's variables, formatted as torchrun formats them", "[unit]") {
+  WorkerPlacement p;
+  p.local_rank = 1;
+  p.global_rank = 5;
+  p.local_world_size = 4;
+  p.world_size = 8;
+  p.group_rank = 1;
+  p.group_world_size = 2;
+  p.master_addr = "10.0.0.1";
+  p.master_port = 29500;
+  p.restart_count = 2;
+  p.max_restarts = 3;
+  p.run_id = "job";
+  p.error_file = "/logs/job_x/attempt_2/1/error.json";
+  auto env = build_worker_env({{"PATH", "/bin"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}, p);
+  CHECK(env.at("PATH") == "/bin");
+  CHECK(env.at("LOCAL_RANK") == "1");
+  CHECK(env.at("RANK") == "5");
+  CHECK(env.at("GROUP_RANK") == "1");
+  CHECK(env.at("ROLE_RANK") == "5");
+  CHECK(env.at("ROLE_NAME") == "default");
+  CHECK(env.at("LOCAL_WORLD_SIZE") == "4");
+  CHECK(env.at("WORLD_SIZE") == "8");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(env.at("ROLE_WORLD_SIZE") == "8");
+  CHECK(env.at("MASTER_ADDR") == "10.0.0.1");
+  CHECK(env.at("MASTER_PORT") == "29500");
+  CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "2");
+  CHECK(env.at("TORCHELASTIC_MAX_RESTARTS") == "3");
+  CHECK(env.at("TORCHELASTIC_RUN_ID") == "job");
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+  CHECK(env.at("TORCHELASTIC_ERROR_FILE") == p.error_file);
+  CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");  // the user's value stays
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+}
+
+TEST_CASE("worker env: global ranks follow the local world sizes of lower nodes", "[unit]") {
+  CHECK(base_global_rank({4, 4, 4}, 0) == 0);
+  CHECK(base_global_rank({4, 4, 4}, 2) == 8);
+  CHECK(base_global_rank({2, 3, 1}, 2) == 5);
+  CHECK(substitute_local_rank({"--rank=${local_rank}", "x${local_rank}${local_rank}"}, 3) ==
+        std::vector<std::string>{"--rank=3", "x33"});
+}
+
+TEST_CASE("failure summary: torchrun's template, root cause first by time, signals by name",
+          "[unit]") {
+  FailureRecord a;
+  a.rank = 1;
+  a.local_rank = 1;
+  a.host = "h";
+  a.pid = 42;
+  a.exit_code = 3;
+  a.timestamp = 2000;
+  read_error_file("/nonexistent/error.json", &a);
+  FailureRecord b;
+  b.rank = 0;
+  b.local_rank = 0;
+  b.host = "h";
+  b.pid = 41;
+  b.signaled = true;
+  b.signal = 11;
+  b.timestamp = 1000;
+  read_error_file("/nonexistent/error.json", &b);
+  std::string s = format_failure_summary("train.py", {a, b});
+  CHECK(s.find("train.py FAILED") != std::string::npos);
+  auto root = s.find("Root Cause (first observed failure):");
+  REQUIRE(root != std::string::npos);
+  CHECK(s.find("exitcode  : -11 (pid: 41)", root) != std::string::npos);
+  CHECK(s.find("Signal 11 (SIGSEGV) received by PID 41") != std::string::npos);
+  CHECK(s.find("exitcode  : 3 (pid: 42)") < root);
+  CHECK(s.find("error_file: <N/A>") != std::string::npos);
+  CHECK(b.cause() == "signal 11 (SIGSEGV)");
+  CHECK(a.cause() == "exit code 3");
+  CHECK(FailureRecord::from_json(a.to_json()).to_json() == a.to_json());
+}
+
+TEST_CASE("failure summary: reads torch's @record error file", "[unit]") {
+  std::string path = "/tmp/ctorchrun_error_file_test.json";
+  {
+    std::ofstream f(path);
+    f << R"({"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback...\nValueError: boom", "timestamp": "1795327541"}}})";
+  }
+  FailureRecord r;
+  r.exit_code = 1;
+  r.timestamp = 5;
+  read_error_file(path, &r);
+  CHECK(r.error_file == path);
+  CHECK(r.timestamp == 1795327541);
+  CHECK(r.message == "Traceback...\nValueError: boom");
+  std::remove(path.c_str());
+}

@@ -1,0 +1,117 @@
+#include "tests/launcher/launcher_support.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace ctorchrun::testing {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+std::vector<std::string> full_argv(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {CTORCHRUN_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+}  // namespace
+
+LaunchResult run_ctorchrun(const std::vector<std::string>& args,
+                           std::map<std::string, std::string> env, std::chrono::seconds timeout) {
+  auto p = start_ctorchrun(args, std::move(env));
+  LaunchResult r;
+  r.output = p->read_all(timeout);
+  r.exit_code = p->exit_code(std::chrono::seconds(10));
+  return r;
+}
+
+std::unique_ptr<Process> start_ctorchrun(const std::vector<std::string>& args,
+                                         std::map<std::string, std::string> env) {
+  env.emplace("CTORCHRUN_PYTHON", CTORCHRUN_TEST_PYTHON);
+  return std::make_unique<Process>(full_argv(args), env, /*capture_stderr=*/true);
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/ctorchrun_test_XXXXXX";
+  path = mkdtemp(tmpl);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
+
+bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (!read_file(path).empty()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+bool process_gone_within(int pid, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  for (;;) {
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    auto close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::vector<int> read_pids(const std::string& dir, const std::string& prefix) {
+  std::vector<int> pids;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::string s = read_file(e.path().string());
+    if (!s.empty()) pids.push_back(std::stoi(s));
+  }
+  return pids;
+}
+
+int count_lines_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    if (line.find(needle) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+}  // namespace ctorchrun::testing

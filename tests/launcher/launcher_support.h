@@ -1,0 +1,52 @@
+#pragma once
+
+// Helpers for end-to-end tests of the ctorchrun binary.
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.h"
+
+namespace ctorchrun::testing {
+
+struct LaunchResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr, merged
+};
+
+// Runs build/bin/ctorchrun with `args`, the test's environment plus `env`
+// (CTORCHRUN_PYTHON=/usr/bin/python3 unless given), and a bound on time.
+LaunchResult run_ctorchrun(const std::vector<std::string>& args,
+                           std::map<std::string, std::string> env = {},
+                           std::chrono::seconds timeout = std::chrono::seconds(120));
+
+// Starts ctorchrun without waiting (for signal and multi-node tests).
+std::unique_ptr<Process> start_ctorchrun(const std::vector<std::string>& args,
+                                         std::map<std::string, std::string> env = {});
+
+// A port that was free a moment ago on 127.0.0.1.
+int free_port();
+
+// A fresh directory under /tmp, removed by the destructor.
+struct TempDir {
+  TempDir();
+  ~TempDir();
+  std::string path;
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+std::string read_file(const std::string& path);
+bool file_exists(const std::string& path);
+// Waits (bounded) until `path` exists with non-empty content.
+bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout);
+// True if the process is gone (or a zombie) within the timeout.
+bool process_gone_within(int pid, std::chrono::milliseconds timeout);
+// Reads the integers in the files of `dir` whose names start with `prefix`.
+std::vector<int> read_pids(const std::string& dir, const std::string& prefix);
+// Number of lines of `text` containing `needle`.
+int count_lines_with(const std::string& text, const std::string& needle);
+
+}  // namespace ctorchrun::testing

@@ -1,0 +1,276 @@
+// End-to-end: the ctorchrun binary with real worker processes (shell
+// workers), one or several agents on 127.0.0.1.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include "tests/launcher/launcher_support.h"
+
+using namespace ctorchrun::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A worker written in sh: `body` runs with the worker's environment.
+std::vector<std::string> sh(const std::string& body) { return {"--no_python", "/bin/sh", "-c", body}; }
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("ctorchrun: workers get torchrun's environment and the job exits 0", "[multiproc]") {
+  TempDir d;
+  int port = free_port();
+  auto r = run_ctorchrun(concat({"--nproc_per_node=3", "--master_port=" + std::to_string(port),
+                                 "--max_restarts=2", "--rdzv_id=envjob"},
+                                sh("env > " + d.path + "/env_$RANK")));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string env = read_file(d.file("env_" + std::to_string(rank)));
+    INFO(env);
+    CHECK(env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos);
+    CHECK(env.find("\nLOCAL_RANK=" + std::to_string(rank) + "\n") != std::string::npos);
+    CHECK(env.find("\nWORLD_SIZE=3\n") != std::string::npos);
+    CHECK(env.find("\nLOCAL_WORLD_SIZE=3\n") != std::string::npos);
+    CHECK(env.find("\nGROUP_RANK=0\n") != std::string::npos);
+    CHECK(env.find("\nGROUP_WORLD_SIZE=1\n") != std::string::npos);
+    CHECK(env.find("\nROLE_NAME=default\n") != std::string::npos);
+    CHECK(env.find("\nROLE_WORLD_SIZE=3\n") != std::string::npos);
+    CHECK(env.find("\nMASTER_ADDR=127.0.0.1\n") != std::string::npos);
+    CHECK(env.find("\nMASTER_PORT=" + std::to_string(port) + "\n") != std::string::npos);
+    CHECK(env.find("\nTORCHELASTIC_RESTART_COUNT=0\n") != std::string::npos);
+    CHECK(env.find("\nTORCHELASTIC_MAX_RESTARTS=2\n") != std::string::npos);
+    CHECK(env.find("\nTORCHELASTIC_RUN_ID=envjob\n") != std::string::npos);
+    CHECK(env.find("\nTORCHELASTIC_USE_AGENT_STORE=True\n") != std::string::npos);
+    CHECK(env.find("\nNCCL_ASYNC_ERROR_HANDLING=1\n") != std::string::npos);
+    CHECK(env.find("\nTORCH_NCCL_ASYNC_ERROR_HANDLING=1\n") != std::string::npos);
+    CHECK(env.find("\nOMP_NUM_THREADS=1\n") != std::string::npos);
+    CHECK(std::regex_search(env, std::regex("\nTORCHELASTIC_ERROR_FILE=/tmp/ctorchrun_[^/]+/envjob_[^/]{8}/attempt_0/" +
+                                            std::to_string(rank) + "/error.json\n")));
+  }
+  CHECK(r.output.find("Setting OMP_NUM_THREADS environment variable") != std::string::npos);
+}
+
+TEST_CASE("ctorchrun: a failing worker restarts every worker; exhausted restarts exit 1 with a summary",
+          "[multiproc]") {
+  TempDir d;
+  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--max_restarts=2"},
+                                sh("echo $$ > " + d.path + "/start_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
+                                   "if [ $RANK = 1 ]; then exit 3; fi; sleep 30")));
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  for (int attempt = 0; attempt <= 2; ++attempt) {
+    for (int rank = 0; rank < 2; ++rank) {
+      CHECK(file_exists(d.file("start_" + std::to_string(attempt) + "_" + std::to_string(rank))));
+    }
+  }
+  CHECK_FALSE(file_exists(d.file("start_3_0")));
+  CHECK(r.output.find("/bin/sh FAILED") != std::string::npos);
+  CHECK(r.output.find("rank      : 1 (local_rank: 1)") != std::string::npos);
+  CHECK(r.output.find("exitcode  : 3") != std::string::npos);
+  CHECK(r.output.find("restart 2/2") != std::string::npos);
+  // The stopped rank 0 is not a failure.
+  CHECK(count_lines_with(r.output, "exitcode  :") == 1);
+}
+
+TEST_CASE("ctorchrun: a worker that fails once is restarted and the job succeeds", "[multiproc]") {
+  TempDir d;
+  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
+                                sh("touch " + d.path + "/ran_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
+                                   "if [ $RANK = 0 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
+                                   "kill -SEGV $$; fi; exit 0")));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(file_exists(d.file("ran_1_0")));
+  CHECK(file_exists(d.file("ran_1_1")));
+  CHECK(r.output.find("SIGSEGV") != std::string::npos);
+}
+
+TEST_CASE("ctorchrun: --log_dir keeps torchrun's layout; --redirects and --tee route output",
+          "[multiproc]") {
+  TempDir d;
+  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--log_dir=" + d.path,
+                                 "--redirects=1:3", "--tee=0:1", "--role=trainer"},
+                                sh("echo out-$RANK; echo err-$RANK >&2")));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::string run_dir;
+  for (const auto& e : std::filesystem::directory_iterator(d.path)) run_dir = e.path().string();
+  REQUIRE(std::regex_search(run_dir, std::regex("/standalone_[a-z0-9]+_[a-z0-9_]{8}$")));
+  CHECK(read_file(run_dir + "/attempt_0/0/stdout.log") == "out-0\n");
+  CHECK(read_file(run_dir + "/attempt_0/1/stdout.log") == "out-1\n");
+  CHECK(read_file(run_dir + "/attempt_0/1/stderr.log") == "err-1\n");
+  CHECK(r.output.find("[trainer0]:out-0") != std::string::npos);  // teed, prefixed
+  CHECK(r.output.find("err-0") != std::string::npos);             // not redirected: console
+  CHECK(r.output.find("out-1") == std::string::npos);             // redirected: file only
+  CHECK(r.output.find("err-1") == std::string::npos);
+}
+
+TEST_CASE("ctorchrun: the events file records the lifecycle as JSON lines", "[multiproc]") {
+  TempDir d;
+  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                                 "--events_file=" + d.file("events.jsonl")},
+                                sh("if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 7; fi")));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::string ev = read_file(d.file("events.jsonl"));
+  INFO(ev);
+  for (const char* e : {"\"rendezvous\"", "\"workers_started\"", "\"worker_exited\"", "\"attempt_failed\"",
+                        "\"restart\"", "\"finished\""}) {
+    CHECK(ev.find(std::string("\"event\":") + e) != std::string::npos);
+  }
+  CHECK(ev.find("\"exit_code\":7") != std::string::npos);
+  CHECK(std::regex_search(ev, std::regex("\"time\":\"\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z\"")));
+  CHECK(count_lines_with(ev, "\"event\":\"workers_started\"") == 2);
+}
+
+TEST_CASE("ctorchrun: SIGTERM stops every worker and exits 143", "[multiproc]") {
+  TempDir d;
+  auto p = start_ctorchrun(concat({"--standalone", "--nproc_per_node=2"},
+                                  sh("echo $$ > " + d.path + "/pid_$RANK; exec sleep 60")));
+  REQUIRE(wait_for_file(d.file("pid_0"), 20s));
+  REQUIRE(wait_for_file(d.file("pid_1"), 20s));
+  p->signal(SIGTERM);
+  CHECK(p->exit_code(20s) == 143);
+  for (int pid : read_pids(d.path, "pid_")) CHECK(process_gone_within(pid, 2s));
+}
+
+TEST_CASE("ctorchrun: SIGKILL of the agent leaves no worker and no grandchild", "[multiproc]") {
+  TempDir d;
+  auto p = start_ctorchrun(concat({"--standalone", "--nproc_per_node=2"},
+                                  sh("echo $$ > " + d.path + "/pid_$RANK; sleep 60 & echo $! > " + d.path +
+                                     "/grandchild_$RANK; wait")));
+  for (const char* f : {"pid_0", "pid_1", "grandchild_0", "grandchild_1"}) {
+    REQUIRE(wait_for_file(d.file(f), 20s));
+  }
+  p->signal(SIGKILL);
+  CHECK(p->exit_code(10s) == 128 + SIGKILL);
+  auto pids = read_pids(d.path, "pid_");
+  auto grandchildren = read_pids(d.path, "grandchild_");
+  REQUIRE(pids.size() == 2);
+  REQUIRE(grandchildren.size() == 2);
+  for (int pid : pids) CHECK(process_gone_within(pid, 5s));
+  for (int pid : grandchildren) CHECK(process_gone_within(pid, 5s));
+}
+
+TEST_CASE("ctorchrun: a worker ignoring SIGTERM is killed after --shutdown_timeout", "[multiproc]") {
+  TempDir d;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=0.5"},
+                                sh("if [ $RANK = 1 ]; then sleep 0.3; exit 9; fi; trap '' TERM; "
+                                   "echo $$ > " + d.path + "/stubborn; while :; do sleep 0.05; done")));
+  auto took = std::chrono::steady_clock::now() - t0;
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(took < 20s);
+  REQUIRE(file_exists(d.file("stubborn")));
+  CHECK(process_gone_within(std::stoi(read_file(d.file("stubborn"))), 2s));
+}
+
+TEST_CASE("ctorchrun: two nodes, the second started first; a failure on node 1 restarts node 0 too",
+          "[multiproc]") {
+  TempDir d;
+  std::string port = std::to_string(free_port());
+  auto worker = sh("echo x > " + d.path + "/start_${GROUP_RANK}_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
+                   "if [ $RANK = 3 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 0.5; exit 5; fi; "
+                   "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 30; fi");
+  auto node = [&](int rank) {
+    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--nproc_per_node=2",
+                                   "--master_addr=127.0.0.1", "--master_port=" + port, "--max_restarts=1",
+                                   "--rdzv_conf=timeout=60"},
+                                  worker));
+  };
+  auto n1 = node(1);
+  std::this_thread::sleep_for(300ms);
+  auto n0 = node(0);
+  int rc0 = n0->exit_code(60s);
+  int rc1 = n1->exit_code(60s);
+  std::string out0 = n0->read_all(1s), out1 = n1->read_all(1s);
+  INFO("node0:\n" << out0 << "\nnode1:\n" << out1);
+  CHECK(rc0 == 0);
+  CHECK(rc1 == 0);
+  for (int g = 0; g < 2; ++g) {
+    for (int k = 0; k < 2; ++k) {
+      for (int lr = 0; lr < 2; ++lr) {
+        int rank = g * 2 + lr;
+        CHECK(file_exists(d.file("start_" + std::to_string(g) + "_" + std::to_string(k) + "_" +
+                                 std::to_string(rank))));
+      }
+    }
+  }
+}
+
+TEST_CASE("ctorchrun: final failure on node 1: both nodes exit 1, node 0 names node 1's rank",
+          "[multiproc]") {
+  std::string port = std::to_string(free_port());
+  auto worker = sh("if [ $RANK = 2 ]; then sleep 0.3; exit 4; fi; sleep 30");
+  auto node = [&](int rank) {
+    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--nproc_per_node=2",
+                                   "--master_port=" + port},
+                                  worker));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  int rc0 = n0->exit_code(60s);
+  int rc1 = n1->exit_code(60s);
+  std::string out0 = n0->read_all(1s), out1 = n1->read_all(1s);
+  INFO("node0:\n" << out0 << "\nnode1:\n" << out1);
+  CHECK(rc0 == 1);
+  CHECK(rc1 == 1);
+  CHECK(out1.find("/bin/sh FAILED") != std::string::npos);
+  CHECK(out1.find("exitcode  : 4") != std::string::npos);
+  CHECK(out0.find("FAILED\n") == std::string::npos);
+  CHECK(out0.find("rank 2 (local_rank 0 on node 1") != std::string::npos);
+  CHECK(out0.find("exit code 4") != std::string::npos);
+}
+
+TEST_CASE("ctorchrun: usage errors exit 2, a busy port exits 4, an unreachable master exits 3",
+          "[multiproc]") {
+  auto r = run_ctorchrun({"--nproc_per_node=zero", "x"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--nproc_per_node") != std::string::npos);
+  r = run_ctorchrun({"--nnodes=3:2", "x"});
+  CHECK(r.exit_code == 2);
+  r = run_ctorchrun({"--help"});
+  CHECK(r.exit_code == 0);
+
+  // Port busy: hold it with a ctorchrun node 0 waiting for a second node.
+  std::string port = std::to_string(free_port());
+  auto holder = start_ctorchrun({"--nnodes=2", "--node_rank=0", "--master_port=" + port,
+                                 "--rdzv_conf=timeout=30", "--no_python", "/bin/true"});
+  std::this_thread::sleep_for(500ms);
+  auto t0 = std::chrono::steady_clock::now();
+  r = run_ctorchrun({"--master_port=" + port, "--no_python", "/bin/true"});
+  INFO(r.output);
+  CHECK(r.exit_code == 4);
+  CHECK(r.output.find(port) != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  holder->signal(SIGTERM);
+  CHECK(holder->exit_code(10s) == 143);
+
+  // Nobody at the master: node 1 gives up after the rendezvous timeout.
+  std::string closed = std::to_string(free_port());
+  t0 = std::chrono::steady_clock::now();
+  r = run_ctorchrun({"--nnodes=2", "--node_rank=1", "--master_port=" + closed, "--rdzv_conf=timeout=1",
+                     "--no_python", "/bin/true"});
+  INFO(r.output);
+  CHECK(r.exit_code == 3);
+  CHECK(r.output.find("127.0.0.1:" + closed) != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 15s);
+}
+
+TEST_CASE("ctorchrun: a missing executable is a clear error, not a hang", "[multiproc]") {
+  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--no_python", "/nonexistent/trainer"});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("/nonexistent/trainer") != std::string::npos);
+}

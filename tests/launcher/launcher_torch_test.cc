@@ -1,0 +1,172 @@
+// End-to-end with real torch 1.13 workers, side by side with Debian's
+// /usr/bin/torchrun (which needs --redirects 9:1 --tee 9:1 on Python 3.11).
+
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "tests/launcher/launcher_support.h"
+
+using namespace ctorchrun::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kExample = CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py";
+
+LaunchResult run_torchrun(const std::vector<std::string>& args, std::chrono::seconds timeout = 180s) {
+  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON, "/usr/bin/torchrun", "--redirects", "9:1",
+                                   "--tee", "9:1", "--monitor_interval", "0.1"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p(argv, {}, /*capture_stderr=*/true);
+  LaunchResult r;
+  r.output = p.read_all(timeout);
+  r.exit_code = p.exit_code(10s);
+  return r;
+}
+
+std::string json_field(const std::string& json, const std::string& key) {
+  std::smatch m;
+  std::regex re("\"" + key + "\": *(\"[^\"]*\"|[^,}]+)");
+  if (!std::regex_search(json, m, re)) return "";
+  std::string v = m[1];
+  if (!v.empty() && v.front() == '"') v = v.substr(1, v.size() - 2);
+  return v;
+}
+
+// `env -0` output as a map.
+std::map<std::string, std::string> parse_env0(const std::string& text) {
+  std::map<std::string, std::string> env;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\0', start);
+    if (end == std::string::npos) end = text.size();
+    std::string kv = text.substr(start, end - start);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    start = end + 1;
+  }
+  return env;
+}
+
+}  // namespace
+
+TEST_CASE("ctorchrun: a torch DDP job ends bit-identical to the same job under torchrun", "[torch]") {
+  TempDir d;
+  auto ours = run_ctorchrun({"--nproc_per_node=2", "--master_port=" + std::to_string(free_port()), kExample,
+                             "--workdir", d.file("ours"), "--epochs", "3"});
+  INFO(ours.output);
+  REQUIRE(ours.exit_code == 0);
+  auto theirs = run_torchrun({"--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+                              std::to_string(free_port()), kExample, "--workdir", d.file("theirs"),
+                              "--epochs", "3"});
+  INFO(theirs.output);
+  REQUIRE(theirs.exit_code == 0);
+  std::string a = read_file(d.file("ours/result.json")), b = read_file(d.file("theirs/result.json"));
+  REQUIRE_FALSE(json_field(a, "digest").empty());
+  CHECK(json_field(a, "digest") == json_field(b, "digest"));
+  CHECK(json_field(a, "world") == "2");
+}
+
+TEST_CASE("ctorchrun: a torch worker failing in epoch 1 resumes from its checkpoint, bit-identical",
+          "[torch]") {
+  TempDir d;
+  auto clean = run_ctorchrun({"--standalone", "--nproc_per_node=2", kExample, "--workdir", d.file("clean"),
+                              "--epochs", "3"});
+  REQUIRE(clean.exit_code == 0);
+  auto resumed = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--max_restarts=1", kExample,
+                                "--workdir", d.file("resumed"), "--epochs", "3", "--fail-once-at-epoch", "1"});
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  std::string a = read_file(d.file("clean/result.json")), b = read_file(d.file("resumed/result.json"));
+  CHECK(json_field(a, "digest") == json_field(b, "digest"));
+  CHECK(json_field(b, "attempt") == "1");
+  CHECK(json_field(b, "resumed_from") == "1");
+  CHECK(resumed.output.find("restart 1/1") != std::string::npos);
+
+  // Without a restart left, the same failure ends the job: exit 1, rank 1 named.
+  auto failed = run_ctorchrun({"--standalone", "--nproc_per_node=2", kExample, "--workdir",
+                               d.file("failed"), "--epochs", "3", "--fail-once-at-epoch", "1"});
+  INFO(failed.output);
+  CHECK(failed.exit_code == 1);
+  CHECK(failed.output.find("rank      : 1 (local_rank: 1)") != std::string::npos);
+  CHECK(failed.output.find("exitcode  : 3") != std::string::npos);
+}
+
+TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
+  TempDir d;
+  auto worker = std::vector<std::string>{"--no_python", "/bin/sh", "-c",
+                                         "env -0 > " + d.path + "/$LAUNCHER.$RANK"};
+  auto ours = run_ctorchrun([&] {
+    std::vector<std::string> a = {"--nproc_per_node=2", "--master_port=" + std::to_string(free_port())};
+    a.insert(a.end(), worker.begin(), worker.end());
+    return a;
+  }(), {{"LAUNCHER", "ours"}});
+  REQUIRE(ours.exit_code == 0);
+  std::vector<std::string> targs = {"--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+                                    std::to_string(free_port())};
+  targs.insert(targs.end(), worker.begin(), worker.end());
+  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON, "/usr/bin/torchrun", "--redirects", "9:1", "--tee",
+                                   "9:1", "--monitor_interval", "0.1"};
+  argv.insert(argv.end(), targs.begin(), targs.end());
+  Process p(argv, {{"LAUNCHER", "theirs"}}, true);
+  std::string out = p.read_all(120s);
+  INFO(out);
+  REQUIRE(p.exit_code(10s) == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto a = parse_env0(read_file(d.path + "/ours." + std::to_string(rank)));
+    auto b = parse_env0(read_file(d.path + "/theirs." + std::to_string(rank)));
+    REQUIRE(a.size() > 10);
+    // Set by the test for each launcher, not by the launchers.
+    for (const char* k : {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "LAUNCHER", "CTORCHRUN_PYTHON", "_"}) {
+      a.erase(k);
+      b.erase(k);
+    }
+    CHECK(a.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+    a.erase("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+    for (const auto& [k, v] : b) {
+      INFO("variable " << k);
+      REQUIRE(a.count(k));
+      CHECK(a.at(k) == v);
+    }
+    for (const auto& [k, v] : a) {
+      INFO("variable only under ctorchrun: " << k << "=" << v);
+      CHECK(b.count(k));
+    }
+  }
+}
+
+TEST_CASE("ctorchrun: restarted torch workers read none of the previous attempt's keys", "[torch]") {
+  TempDir d;
+  // Like a torch 2.6+ worker, it writes keys without an attempt prefix.
+  std::ofstream(d.file("keys.py")) << R"PY(
+import datetime, os, sys, time
+import torch.distributed as dist
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                      datetime.timedelta(seconds=20))
+rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if attempt == 0:
+    store.set(f"leftover/{rank}", "stale")
+    store.add("arrived", 1)
+    store.wait(["arrived"])
+    while store.add("arrived", 0) < 2:
+        time.sleep(0.01)
+    if rank == 1:
+        sys.exit(1)
+    time.sleep(60)
+try:
+    store.wait([f"leftover/{rank}"], datetime.timedelta(milliseconds=300))
+    print(f"rank {rank} attempt {attempt}: STALE key from the previous attempt", flush=True)
+    sys.exit(2)
+except RuntimeError:
+    print(f"rank {rank} attempt {attempt}: clean", flush=True)
+)PY";
+  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--max_restarts=1", d.file("keys.py")});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("rank 0 attempt 1: clean") != std::string::npos);
+  CHECK(r.output.find("rank 1 attempt 1: clean") != std::string::npos);
+}

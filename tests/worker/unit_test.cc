@@ -1,0 +1,171 @@
+// Pure pieces of worker/: the tee line writer, executable lookup, names.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <string>
+
+#include "common/error.h"
+#include "tests/worker/worker_test_util.h"
+#include "worker/executable.h"
+#include "worker/launcher.h"
+#include "worker/tee_writer.h"
+
+using namespace ctorchrun;
+using namespace ctorchrun::worker;
+using namespace ctorchrun::worker::testing;
+
+namespace {
+
+// A TeeWriter writing to two temporary files standing in for log and console.
+struct TeeFixture {
+  TempDir dir;
+  int file_fd = ::open(dir.file("file").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int console_fd = ::open(dir.file("console").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ~TeeFixture() {
+    ::close(file_fd);
+    ::close(console_fd);
+  }
+  std::string file() const { return read_file(dir.file("file")); }
+  std::string console() const { return read_file(dir.file("console")); }
+};
+
+}  // namespace
+
+TEST_CASE("TeeWriter: prefixes whole lines on the console, joins lines split across chunks",
+          "[unit]") {
+  TeeFixture f;
+  worker::detail::TeeWriter tee(f.file_fd, f.console_fd, "[default3]:");
+  tee.write("al", 2);
+  CHECK(f.console().empty());  // nothing until the line is complete
+  tee.write("pha\nbeta\nga", 11);
+  tee.write("mma\n\n", 5);
+  CHECK(f.console() == "[default3]:alpha\n[default3]:beta\n[default3]:gamma\n[default3]:\n");
+  CHECK(f.file() == "alpha\nbeta\ngamma\n\n");
+  tee.finish();
+  CHECK(f.console() == "[default3]:alpha\n[default3]:beta\n[default3]:gamma\n[default3]:\n");
+}
+
+TEST_CASE(
+    "TeeWriter: a last line without newline gets one on the console at finish(), not in "
+    "the file",
+    "[unit]") {
+  TeeFixture f;
+  worker::detail::TeeWriter tee(f.file_fd, f.console_fd, "[p]:");
+  tee.write("done\nno newline", 15);
+  CHECK(f.console() == "[p]:done\n");
+  tee.finish();
+  CHECK(f.console() == "[p]:done\n[p]:no newline\n");
+  CHECK(f.file() == "done\nno newline");
+}
+
+TEST_CASE("TeeWriter: without a console only the file is written, and vice versa", "[unit]") {
+  TeeFixture f;
+  {
+    worker::detail::TeeWriter tee(f.file_fd, -1, "[p]:");
+    tee.write("a\nb", 3);
+    tee.finish();
+  }
+  CHECK(f.file() == "a\nb");
+  CHECK(f.console().empty());
+  {
+    worker::detail::TeeWriter tee(-1, f.console_fd, "[p]:");
+    tee.write("c\n", 2);
+    tee.finish();
+  }
+  CHECK(f.console() == "[p]:c\n");
+}
+
+TEST_CASE("TeeWriter: a line longer than kMaxLine reaches the console in bounded pieces",
+          "[unit]") {
+  TeeFixture f;
+  worker::detail::TeeWriter tee(f.file_fd, f.console_fd, "[p]:");
+  std::string huge(worker::detail::TeeWriter::kMaxLine + 10, 'y');
+  tee.write(huge.data(), huge.size());
+  tee.write("\n", 1);
+  tee.finish();
+  CHECK(f.console() == "[p]:" + std::string(worker::detail::TeeWriter::kMaxLine, 'y') +
+                           "\n[p]:" + std::string(10, 'y') + "\n");
+  CHECK(f.file() == huge + "\n");
+}
+
+TEST_CASE("TeeWriter: a closed console pipe stops console output, not the file", "[unit]") {
+  TeeFixture f;
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  ::close(p[0]);
+  // Writing to a pipe without readers must give EPIPE here, not kill the test.
+  struct sigaction ign {};
+  struct sigaction old {};
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ign, &old);
+  {
+    worker::detail::TeeWriter tee(f.file_fd, p[1], "[p]:");
+    tee.write("one\ntwo\n", 8);
+    tee.write("three\n", 6);
+    tee.finish();
+  }
+  ::sigaction(SIGPIPE, &old, nullptr);
+  ::close(p[1]);
+  CHECK(f.file() == "one\ntwo\nthree\n");
+}
+
+TEST_CASE("find_executable: paths are checked, names are searched in the given PATH", "[unit]") {
+  TempDir dir;
+  std::string prog = dir.file("prog");
+  { std::ofstream(prog) << "#!/bin/sh\n"; }
+  ::chmod(prog.c_str(), 0755);
+  std::string plain = dir.file("plain");
+  { std::ofstream(plain) << "data\n"; }
+  ::mkdir(dir.file("sub").c_str(), 0755);
+
+  CHECK(worker::detail::find_executable(prog, "", "") == prog);
+  CHECK(worker::detail::find_executable("prog", "/nonexistent:" + dir.path(), "") == prog);
+  CHECK(worker::detail::find_executable("prog", "/nonexistent:" + dir.path() + "/", "") == prog);
+  // Relative paths and PATH entries are taken from the worker's cwd.
+  CHECK(worker::detail::find_executable("./prog", "", dir.path()) == dir.path() + "/./prog");
+  CHECK(worker::detail::find_executable("prog", "/nonexistent::", dir.path()) ==
+        dir.path() + "/./prog");
+  // The first match wins; directories and non-executables are skipped.
+  CHECK(worker::detail::find_executable("sh", "/nonexistent:/bin:/usr/bin", "") == "/bin/sh");
+
+  auto why = [](const std::string& program, const std::string& path, const std::string& cwd) {
+    try {
+      worker::detail::find_executable(program, path, cwd);
+    } catch (const IoError& e) {
+      return std::string(e.what());
+    }
+    return std::string("found");
+  };
+  CHECK(why("/nonexistent/x", "", "") == "/nonexistent/x: No such file or directory");
+  CHECK(why(plain, "", "") == plain + ": Permission denied");
+  CHECK(why(dir.file("sub"), "", "") == dir.file("sub") + ": Is a directory");
+  CHECK(why("sub", dir.path(), "") == "sub: not found in PATH=" + dir.path());
+  CHECK(why("plain", dir.path(), "") ==
+        "plain: Permission denied (" + plain + " is not executable)");
+  CHECK(why("", "/bin", "") == "empty program name (argv[0])");
+}
+
+TEST_CASE("WorkerExit: signals are named and never read as exit codes", "[unit]") {
+  CHECK(signal_name(SIGSEGV) == "SIGSEGV");
+  CHECK(signal_name(SIGTERM) == "SIGTERM");
+  CHECK(signal_name(SIGKILL) == "SIGKILL");
+  CHECK(signal_name(1000) == "signal 1000");
+
+  WorkerExit ok;
+  CHECK_FALSE(ok.failed());
+  CHECK(describe(ok) == "exit code 0");
+  WorkerExit code;
+  code.exit_code = 3;
+  CHECK(code.failed());
+  CHECK(describe(code) == "exit code 3");
+  WorkerExit segv;
+  segv.signaled = true;
+  segv.signal = SIGSEGV;
+  CHECK(segv.failed());
+  CHECK(describe(segv) == "signal SIGSEGV (11)");
+}

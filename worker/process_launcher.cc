@@ -1,0 +1,733 @@
+// The real Launcher: Boost.Process spawns, one Asio io_context on a thread of
+// the launcher's own reaps (SIGCHLD) and pumps teed output, a watcher process
+// kills everything if the agent dies.
+//
+// Why a thread of its own rather than running the io_context inside wait():
+// teed output must keep flowing while the agent is busy elsewhere (a store
+// call, the exit barrier); a worker blocked on a full 64 KiB pipe would stall
+// its whole job. The thread is also the one that forks the workers, so
+// PR_SET_PDEATHSIG (which fires when the forking *thread* exits) lasts exactly
+// as long as the launcher, whichever agent thread calls start().
+//
+// Exits are observed with waitid(WNOWAIT) on SIGCHLD, for the known pids only
+// (never waitpid(-1): other code in the process has children of its own), and
+// the zombie is reaped only by stop(), after its group has been SIGKILLed.
+// The zombie keeps its pid, which is its process group id, from being reused,
+// so kill(-pgid) never reaches a stranger (pid_max is 32768 on some hosts).
+// Boost.Process's own on_exit machinery is not used: it reaps at once, and its
+// exit_code() folds signals into exit codes.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/process/child.hpp>
+#include <boost/process/error.hpp>
+#include <boost/process/extend.hpp>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/executable.h"
+#include "worker/launcher.h"
+#include "worker/tee_writer.h"
+#include "worker/unique_fd.h"
+#include "worker/watcher.h"
+
+namespace ctorchrun::worker {
+
+namespace {
+
+namespace asio = boost::asio;
+namespace bp = boost::process;
+using detail::UniqueFd;
+using std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+// After SIGKILL, how long stop() waits for the kernel to finish a worker.
+constexpr milliseconds kKillWait{2000};
+constexpr size_t kReadChunk = 64 * 1024;
+// Per readiness event: enough to keep up, little enough to be fair to others.
+constexpr size_t kReadBudget = 16 * kReadChunk;
+// Reading a pipe after its worker exited: what the worker wrote is there at
+// once; a descendant still writing must not keep us here.
+constexpr size_t kDrainBudget = 8 << 20;
+
+// PATH for a worker whose environment and agent have none (execvp's default).
+constexpr const char* kDefaultPath = "/usr/bin:/bin";
+
+void kill_group(pid_t pgid, int sig) {
+  CTORCHRUN_CHECK(pgid > 1, "kill of process group " + std::to_string(pgid));
+  if (::kill(-pgid, sig) != 0 && errno != ESRCH) {
+    get_logger("worker")->debug("kill pgid={} signal={} failed: {}", pgid, signal_name(sig),
+                                std::strerror(errno));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// One worker stream on a pipe, read on the io thread and handed to a
+// TeeWriter. Shared ownership keeps it alive for a completion handler that is
+// already queued when the launcher lets go of it.
+class OutputPump : public std::enable_shared_from_this<OutputPump> {
+ public:
+  OutputPump(asio::io_context& io, UniqueFd pipe, std::shared_ptr<UniqueFd> file, int console_fd,
+             std::string prefix)
+      : pipe_(io, pipe.release()),
+        file_(std::move(file)),
+        writer_(file_ ? file_->get() : -1, console_fd, std::move(prefix)) {}
+
+  void start() { arm(); }
+
+  // Reads what the pipe holds now, e.g. right after the worker exited.
+  void drain() {
+    if (open_) read_some(kDrainBudget);
+  }
+
+  // Drains, flushes a last partial line and closes, EOF or not (a stopped
+  // worker's escaped descendant may hold the pipe open forever).
+  void close() {
+    drain();
+    if (open_) finish();
+  }
+
+ private:
+  void arm() {
+    pipe_.async_wait(asio::posix::stream_descriptor::wait_read,
+                     [self = shared_from_this()](const boost::system::error_code& ec) {
+                       if (ec || !self->open_) return;
+                       if (self->read_some(kReadBudget)) self->arm();
+                     });
+  }
+
+  // False once the stream has ended (and been finished).
+  bool read_some(size_t budget) {
+    size_t got = 0;
+    while (got < budget) {
+      ssize_t n = ::read(pipe_.native_handle(), buffer_, sizeof buffer_);
+      if (n > 0) {
+        writer_.write(buffer_, static_cast<size_t>(n));
+        got += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      finish();  // EOF, or an error that ends the stream all the same
+      return false;
+    }
+    return true;
+  }
+
+  void finish() {
+    open_ = false;
+    writer_.finish();
+    boost::system::error_code ignored;
+    pipe_.close(ignored);
+    file_.reset();
+  }
+
+  asio::posix::stream_descriptor pipe_;
+  std::shared_ptr<UniqueFd> file_;
+  detail::TeeWriter writer_;
+  bool open_ = true;
+  char buffer_[kReadChunk];
+};
+
+// ---------------------------------------------------------------------------
+// The Boost.Process extension that prepares a worker: argv, environment and
+// the child-side set-up. Everything is built in the parent; the child side
+// (on_exec_setup) runs between fork and exec of a multi-threaded process, so
+// it calls async-signal-safe functions only.
+struct SpawnSetup : bp::extend::handler {
+  const char* exe = nullptr;
+  char* const* argv = nullptr;
+  char** envp = nullptr;
+  const char* cwd = nullptr;
+  int stdout_fd = -1;  // becomes the worker's fd 1; -1: inherit the agent's
+  int stderr_fd = -1;
+  pid_t agent_pid = 0;
+  int watcher_fd = -1;          // the watcher channel: the child announces "+<pgid>" on it
+  pid_t* failed_pid = nullptr;  // set when the child was forked but could not exec
+
+  template <class Executor>
+  void on_setup(Executor& exec) const {
+    exec.exe = exe;
+    exec.cmd_line = argv;
+    exec.env = envp;
+  }
+
+  template <class Executor>
+  void on_error(Executor& exec, const std::error_code&) const {
+    if (exec.pid > 0) *failed_pid = exec.pid;
+  }
+
+  template <class Executor>
+  void on_exec_setup(Executor& exec) const {
+    // No handler of the agent may run in here; block everything until exec.
+    sigset_t all;
+    sigfillset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, nullptr);
+    // Handlers are reset by exec anyway, but a pending signal would run one
+    // between unblocking and exec. SIGPIPE and SIGXFSZ ignored by the agent
+    // go back to their defaults, as Python's subprocess does; other ignored
+    // signals stay ignored (nohup keeps working).
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction sa;
+      if (::sigaction(sig, nullptr, &sa) != 0) continue;
+      bool reset = sa.sa_handler != SIG_DFL &&
+                   (sa.sa_handler != SIG_IGN || sig == SIGPIPE || sig == SIGXFSZ);
+      if (reset) {
+        std::memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        ::sigaction(sig, &sa, nullptr);
+      }
+    }
+    if (::setsid() < 0) fail(exec, "setsid() failed");
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) fail(exec, "prctl() failed");
+    // The agent may have died before PDEATHSIG was armed: then nobody would.
+    if (::getppid() != agent_pid) ::_exit(127);
+    announce_group();
+    if (cwd != nullptr && ::chdir(cwd) != 0) fail(exec, "chdir() failed");
+    if (stdout_fd >= 0) install(exec, stdout_fd, STDOUT_FILENO);
+    if (stderr_fd >= 0) install(exec, stderr_fd, STDERR_FILENO);
+    mark_fds_cloexec();
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  }
+
+  // Tells the watcher about this new process group (pgid == pid after
+  // setsid) before exec: the parent announces it too, but only after exec,
+  // and a worker may fork children and the agent die in between. A small
+  // write to a stream socket is not interleaved with other writers' writes.
+  void announce_group() const {
+    if (watcher_fd < 0) return;
+    char line[24];
+    char digits[16];
+    int n = 0;
+    for (pid_t v = ::getpid(); v > 0 && n < 16; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+    int len = 0;
+    line[len++] = '+';
+    while (n > 0) line[len++] = digits[--n];
+    line[len++] = '\n';
+    ssize_t ignored = ::send(watcher_fd, line, static_cast<size_t>(len), MSG_NOSIGNAL);
+    (void)ignored;
+  }
+
+  template <class Executor>
+  static void fail(Executor& exec, const char* what) {
+    exec.set_error(std::error_code(errno, std::system_category()), what);
+    ::_exit(127);
+  }
+
+  template <class Executor>
+  static void install(Executor& exec, int fd, int target) {
+    if (fd == target) {  // dup2 would keep close-on-exec set
+      if (::fcntl(fd, F_SETFD, 0) != 0) fail(exec, "fcntl() failed");
+    } else if (::dup2(fd, target) < 0) {
+      fail(exec, "dup2() failed");
+    }
+  }
+
+  // Only fds 0-2 reach the worker (as Python's close_fds=True): in
+  // particular not the agent's end of the watcher channel, whose EOF is how
+  // the watcher learns that the agent died. Marked rather than closed so
+  // that Boost.Process's exec-error pipe still works.
+  static void mark_fds_cloexec() {
+    if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+    // Kernels before 5.11: walk /proc/self/fd without allocating.
+    int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) return;
+    alignas(8) char buf[4096];
+    for (;;) {
+      long n = ::syscall(SYS_getdents64, dir, buf, sizeof buf);
+      if (n <= 0) break;
+      for (long off = 0; off < n;) {
+        struct Dirent64 {
+          uint64_t ino;
+          int64_t off;
+          unsigned short reclen;
+          unsigned char type;
+          char name[1];
+        };
+        auto* d = reinterpret_cast<Dirent64*>(buf + off);
+        int fd = 0;
+        bool digits = d->name[0] != '\0';
+        for (const char* c = d->name; *c != '\0'; ++c) {
+          if (*c < '0' || *c > '9') digits = false;
+          if (digits) fd = fd * 10 + (*c - '0');
+        }
+        if (digits && fd > 2 && fd != dir) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+        off += d->reclen;
+      }
+    }
+    ::close(dir);
+  }
+};
+
+// ---------------------------------------------------------------------------
+struct Worker {
+  int local_rank = 0;
+  pid_t pid = 0;
+  std::string program;
+  bool exited = false;       // exit observed; a zombie until stop() reaps it
+  bool status_lost = false;  // someone else reaped it (ECHILD)
+  bool reported = false;     // returned by wait() or stop()
+  WorkerExit exit;
+  std::vector<std::shared_ptr<OutputPump>> pumps;  // io thread only
+};
+
+class ProcessLauncher final : public Launcher {
+ public:
+  ProcessLauncher();
+  ~ProcessLauncher() override;
+
+  std::vector<pid_t> start(const std::vector<WorkerSpec>& specs) override;
+  std::vector<WorkerExit> wait(SteadyClock::time_point deadline) override;
+  void wake() override;
+  void signal_all(int sig) override;
+  std::vector<WorkerExit> stop(int sig, milliseconds grace) override;
+  size_t running() const override;
+
+ private:
+  // Runs `f` on the io thread and returns its result (or rethrows).
+  template <typename F>
+  auto run_on_io(F f) -> decltype(f()) {
+    CTORCHRUN_CHECK(std::this_thread::get_id() != thread_.get_id(),
+                    "launcher call from its own io thread");
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto result = task.get_future();
+    asio::post(io_, [&task] { task(); });
+    return result.get();
+  }
+
+  void run_io();
+  void arm_sigchld();
+  void on_sigchld();
+  std::shared_ptr<Worker> spawn(const WorkerSpec& spec);  // io thread
+  bool all_exited_locked() const {
+    return std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->exited; });
+  }
+
+  std::shared_ptr<spdlog::logger> log_;
+  std::unique_ptr<detail::Watcher> watcher_;
+  const pid_t agent_pid_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  asio::signal_set sigchld_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Worker>> workers_;    // the current set, start() order
+  std::vector<std::shared_ptr<Worker>> abandoned_;  // survived SIGKILL + kKillWait
+  std::deque<std::shared_ptr<Worker>> exits_;       // noticed, not yet returned
+  bool woken_ = false;
+
+  std::thread thread_;  // last: starts once everything above exists
+};
+
+ProcessLauncher::ProcessLauncher()
+    : log_(get_logger("worker")),
+      watcher_(detail::Watcher::spawn()),  // first: before any thread or worker
+      agent_pid_(::getpid()),
+      work_(io_.get_executor()),
+      sigchld_(io_) {
+  boost::system::error_code ec;
+  sigchld_.add(SIGCHLD, ec);
+  if (ec) throw IoError("cannot watch SIGCHLD for worker exits: " + ec.message());
+  // Asio installs its handler with no flags: a worker exit would then fail
+  // the agent's blocking calls on other threads with EINTR, and a worker
+  // stopped by SIGSTOP would raise SIGCHLD for nothing.
+  struct sigaction sa;
+  if (::sigaction(SIGCHLD, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL &&
+      sa.sa_handler != SIG_IGN) {
+    sa.sa_flags |= SA_RESTART | SA_NOCLDSTOP;
+    ::sigaction(SIGCHLD, &sa, nullptr);
+  }
+  arm_sigchld();
+  // The io thread takes none of the signals the agent handles itself, and a
+  // console pipe closed under it yields EPIPE (teed console output stops)
+  // rather than a SIGPIPE that kills the agent.
+  sigset_t block;
+  sigset_t old;
+  sigemptyset(&block);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE}) {
+    sigaddset(&block, sig);
+  }
+  ::pthread_sigmask(SIG_BLOCK, &block, &old);
+  thread_ = std::thread([this] { run_io(); });
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+ProcessLauncher::~ProcessLauncher() {
+  try {
+    stop(SIGKILL, milliseconds(0));
+  } catch (const std::exception& e) {
+    log_->error("stopping workers on shutdown failed: {}", e.what());
+  }
+  work_.reset();
+  io_.stop();
+  thread_.join();
+  // watcher_'s destructor says bye once everything above is gone.
+}
+
+void ProcessLauncher::run_io() {
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::pthread_sigmask(SIG_UNBLOCK, &chld, nullptr);  // someone must take SIGCHLD
+  for (;;) {
+    try {
+      io_.run();
+      return;
+    } catch (const std::exception& e) {
+      log_->error("worker io thread: unexpected exception: {}", e.what());
+    }
+  }
+}
+
+void ProcessLauncher::arm_sigchld() {
+  sigchld_.async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec == asio::error::operation_aborted) return;
+    on_sigchld();
+    arm_sigchld();
+  });
+}
+
+// One SIGCHLD may stand for several exits; look at every known pid.
+void ProcessLauncher::on_sigchld() {
+  std::vector<std::shared_ptr<Worker>> exited;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& w : workers_) {
+      if (w->exited) continue;
+      siginfo_t info;
+      std::memset(&info, 0, sizeof info);
+      int r = ::waitid(P_PID, static_cast<id_t>(w->pid), &info, WEXITED | WNOHANG | WNOWAIT);
+      if (r == 0 && info.si_pid == 0) continue;  // still running
+      w->exited = true;
+      w->exit.time = std::chrono::system_clock::now();
+      if (r != 0) {
+        w->status_lost = true;
+        w->exit.exit_code = -1;
+      } else if (info.si_code == CLD_EXITED) {
+        w->exit.exit_code = info.si_status;
+      } else {  // CLD_KILLED, CLD_DUMPED
+        w->exit.signaled = true;
+        w->exit.signal = info.si_status;
+      }
+      exited.push_back(w);
+    }
+    for (auto it = abandoned_.begin(); it != abandoned_.end();) {
+      siginfo_t info;
+      std::memset(&info, 0, sizeof info);
+      int r = ::waitid(P_PID, static_cast<id_t>((*it)->pid), &info, WEXITED | WNOHANG | WNOWAIT);
+      if (r == 0 && info.si_pid == 0) {
+        ++it;
+        continue;
+      }
+      watcher_->forget((*it)->pid);
+      int status = 0;
+      ::waitpid((*it)->pid, &status, WNOHANG);
+      log_->debug("abandoned worker finally reaped local_rank={} pid={}", (*it)->local_rank,
+                  (*it)->pid);
+      it = abandoned_.erase(it);
+    }
+  }
+  watcher_->reap_if_exited();
+  if (exited.empty()) return;
+  // Output written before the exit is in the pipes now: pass it on before
+  // anyone hears of the exit.
+  for (auto& w : exited) {
+    for (auto& pump : w->pumps) pump->drain();
+    if (w->status_lost) {
+      log_->error("worker exit status lost local_rank={} pid={}: reaped by someone else",
+                  w->local_rank, w->pid);
+    } else if (w->exit.signaled) {
+      log_->info("worker exited local_rank={} pid={} signal={}", w->local_rank, w->pid,
+                 signal_name(w->exit.signal));
+    } else {
+      log_->info("worker exited local_rank={} pid={} exit_code={}", w->local_rank, w->pid,
+                 w->exit.exit_code);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& w : exited) exits_.push_back(w);
+  }
+  cv_.notify_all();
+}
+
+std::vector<pid_t> ProcessLauncher::start(const std::vector<WorkerSpec>& specs) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    CTORCHRUN_CHECK(workers_.empty(),
+                    "start() while " + std::to_string(workers_.size()) +
+                        " workers of the previous start() have not been stop()ped");
+  }
+  std::exception_ptr error;
+  std::vector<pid_t> pids = run_on_io([&] {
+    std::vector<pid_t> started;
+    for (const auto& spec : specs) {
+      try {
+        started.push_back(spawn(spec)->pid);
+      } catch (...) {
+        error = std::current_exception();
+        break;
+      }
+    }
+    return started;
+  });
+  if (error) {
+    stop(SIGKILL, milliseconds(0));
+    std::rethrow_exception(error);
+  }
+  return pids;
+}
+
+std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
+  auto fail = [&spec](const std::string& why) {
+    return IoError("cannot start worker local_rank=" + std::to_string(spec.local_rank) + ": " +
+                   why);
+  };
+  if (spec.argv.empty()) throw fail("empty argv");
+  const std::string& program = spec.argv[0];
+
+  std::string search_path;
+  if (auto it = spec.env.find("PATH"); it != spec.env.end()) {
+    search_path = it->second;
+  } else if (const char* agent_path = std::getenv("PATH")) {
+    search_path = agent_path;  // as execvp would: the caller's PATH
+  } else {
+    search_path = kDefaultPath;
+  }
+  std::string exe;
+  try {
+    exe = detail::find_executable(program, search_path, spec.cwd);
+  } catch (const IoError& e) {
+    throw fail(e.what());
+  }
+  if (!spec.cwd.empty()) {
+    struct stat st;
+    if (::stat(spec.cwd.c_str(), &st) != 0) {
+      throw fail("working directory " + spec.cwd + ": " + std::strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) throw fail("working directory " + spec.cwd + ": Not a directory");
+  }
+
+  // Output plumbing. Redirected: the file is the worker's fd. Teed: a pipe,
+  // read here and written to the file and the console. Teed with the console
+  // filtered out is just redirected.
+  const unsigned teed = spec.console ? spec.tee & kBoth : kNone;
+  const unsigned to_file = (spec.redirects | spec.tee) & kBoth;
+  auto open_file = [&](const std::string& path, const char* stream) {
+    CTORCHRUN_CHECK(!path.empty(),
+                    std::string("worker ") + stream + " redirected or teed without a file path");
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw fail("cannot open " + path + ": " + std::strerror(errno));
+    return std::make_shared<UniqueFd>(fd);
+  };
+  std::shared_ptr<UniqueFd> out_file;
+  std::shared_ptr<UniqueFd> err_file;
+  if (to_file & kStdout) out_file = open_file(spec.stdout_path, "stdout");
+  if (to_file & kStderr) {
+    err_file = out_file && spec.stderr_path == spec.stdout_path
+                   ? out_file
+                   : open_file(spec.stderr_path, "stderr");
+  }
+  auto make_pipe = [&](UniqueFd& read_end, UniqueFd& write_end) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) throw fail(std::string("pipe: ") + std::strerror(errno));
+    read_end.reset(p[0]);
+    write_end.reset(p[1]);
+    ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
+  };
+  UniqueFd out_read, out_write, err_read, err_write;
+  if (teed & kStdout) make_pipe(out_read, out_write);
+  if (teed & kStderr) make_pipe(err_read, err_write);
+
+  std::vector<std::string> env_strings;
+  env_strings.reserve(spec.env.size());
+  for (const auto& [key, value] : spec.env) env_strings.push_back(key + "=" + value);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = spec.argv;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  pid_t failed_pid = -1;
+  SpawnSetup setup;
+  setup.exe = exe.c_str();
+  setup.argv = argv.data();
+  setup.envp = envp.data();
+  setup.cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
+  setup.stdout_fd = (teed & kStdout) ? out_write.get() : out_file ? out_file->get() : -1;
+  setup.stderr_fd = (teed & kStderr) ? err_write.get() : err_file ? err_file->get() : -1;
+  setup.agent_pid = agent_pid_;
+  setup.watcher_fd = watcher_->channel_fd();
+  setup.failed_pid = &failed_pid;
+
+  std::error_code ec;
+  pid_t pid = -1;
+  {
+    bp::child child(setup, bp::error(ec));
+    if (!ec) pid = child.id();
+    // We reap and signal by pid ourselves; an attached child's destructor
+    // would kill or waitpid it.
+    child.detach();
+  }
+  if (ec || pid <= 0) {
+    if (failed_pid > 0) {  // forked, then exec (or set-up) failed: reap it
+      int status = 0;
+      while (::waitpid(failed_pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    throw fail(program + ": " + (ec ? ec.message() : std::string("spawn failed")));
+  }
+  watcher_->watch(pid);
+
+  auto w = std::make_shared<Worker>();
+  w->local_rank = spec.local_rank;
+  w->pid = pid;
+  w->program = program;
+  w->exit.local_rank = spec.local_rank;
+  w->exit.pid = pid;
+  if (teed & kStdout) {
+    w->pumps.push_back(std::make_shared<OutputPump>(io_, std::move(out_read), out_file,
+                                                    STDOUT_FILENO, spec.prefix));
+  }
+  if (teed & kStderr) {
+    w->pumps.push_back(std::make_shared<OutputPump>(io_, std::move(err_read), err_file,
+                                                    STDERR_FILENO, spec.prefix));
+  }
+  for (auto& pump : w->pumps) pump->start();
+  {
+    // SIGCHLD is handled on this thread, after this task: an exit that
+    // already happened is still seen.
+    std::lock_guard<std::mutex> lock(mutex_);
+    workers_.push_back(w);
+  }
+  log_->info("worker started local_rank={} pid={} program={}", spec.local_rank, pid, program);
+  return w;
+}
+
+std::vector<WorkerExit> ProcessLauncher::wait(SteadyClock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait_until(lock, deadline, [this] { return !exits_.empty() || woken_; });
+  woken_ = false;
+  std::vector<WorkerExit> result;
+  for (auto& w : exits_) {
+    if (w->reported) continue;
+    w->reported = true;
+    result.push_back(w->exit);
+  }
+  exits_.clear();
+  return result;
+}
+
+void ProcessLauncher::wake() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
+void ProcessLauncher::signal_all(int sig) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& w : workers_) {
+    if (w->status_lost) continue;  // no zombie holds its pgid any more
+    log_->debug("signal local_rank={} pgid={} signal={}", w->local_rank, w->pid, signal_name(sig));
+    kill_group(w->pid, sig);
+  }
+}
+
+std::vector<WorkerExit> ProcessLauncher::stop(int sig, milliseconds grace) {
+  const auto deadline = SteadyClock::now() + grace;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (workers_.empty()) return {};
+  log_->debug("stopping workers count={} signal={} grace_ms={}", workers_.size(), signal_name(sig),
+              grace.count());
+  // Every group, also of workers that exited already: what they left behind
+  // gets the signal too.
+  for (auto& w : workers_) {
+    if (!w->status_lost) kill_group(w->pid, sig);
+  }
+  if (sig != SIGKILL) cv_.wait_until(lock, deadline, [this] { return all_exited_locked(); });
+  for (auto& w : workers_) {
+    if (!w->exited && sig != SIGKILL) {
+      log_->warn("worker local_rank={} pid={} still running {} ms after {}; sending SIGKILL",
+                 w->local_rank, w->pid, grace.count(), signal_name(sig));
+    }
+    if (!w->status_lost) kill_group(w->pid, SIGKILL);
+  }
+  cv_.wait_until(lock, SteadyClock::now() + kKillWait, [this] { return all_exited_locked(); });
+  std::vector<std::shared_ptr<Worker>> set;
+  set.swap(workers_);
+  for (auto& w : set) {
+    if (w->exited) continue;
+    log_->error("worker local_rank={} pid={} did not die {} ms after SIGKILL; giving up on it",
+                w->local_rank, w->pid, kKillWait.count());
+    abandoned_.push_back(w);
+  }
+  exits_.clear();
+  lock.unlock();
+
+  run_on_io([&] {
+    for (auto& w : set) {
+      for (auto& pump : w->pumps) pump->close();
+      w->pumps.clear();
+      if (!w->exited) continue;
+      // Forget first: until the zombie is reaped, its pgid cannot be reused.
+      watcher_->forget(w->pid);
+      if (w->status_lost) continue;
+      int status = 0;
+      while (::waitpid(w->pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+  });
+
+  std::vector<WorkerExit> result;
+  lock.lock();
+  // An on_sigchld() that was under way when the set was taken may have queued
+  // exits of it since; it has finished now (the io thread ran the step above
+  // after it).
+  exits_.clear();
+  for (auto& w : set) {
+    if (!w->exited || w->reported) continue;
+    w->reported = true;
+    result.push_back(w->exit);
+  }
+  return result;
+}
+
+size_t ProcessLauncher::running() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<size_t>(
+      std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return !w->exited; }));
+}
+
+}  // namespace
+
+std::unique_ptr<Launcher> make_process_launcher() { return std::make_unique<ProcessLauncher>(); }
+
+}  // namespace ctorchrun::worker
