@@ -170,7 +170,8 @@ void ElasticAgent::Impl::make_run_dir() {
   if (c_.log_dir.empty()) {
     char tmpl[] = "/tmp/ctorchrun_XXXXXX";
     if (!mkdtemp(tmpl)) {
-      throw JobEnd{kUsage, std::string("cannot create a temporary log directory: ") + std::strerror(errno)};
+      throw JobEnd{kUsage,
+                   std::string("cannot create a temporary log directory: ") + std::strerror(errno)};
     }
     log_base_ = tmpl;
     temp_log_base_ = true;
@@ -238,7 +239,8 @@ FailureRecord ElasticAgent::Impl::record_of(const worker::WorkerExit& e, int att
   f.exit_code = e.exit_code;
   f.signal = e.signal;
   f.timestamp = epoch_seconds(e.time);
-  f.noticed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(e.time.time_since_epoch()).count();
+  f.noticed_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(e.time.time_since_epoch()).count();
   f.attempt = attempt;
   read_error_file(run_dir_ + "/attempt_" + std::to_string(attempt) + "/" +
                       std::to_string(e.local_rank) + "/error.json",
@@ -252,9 +254,8 @@ ElasticAgent::Impl::Outcome ElasticAgent::Impl::watch(int attempt,
   for (;;) {
     auto exits = launcher_.wait(Clock::now() + 1s);
     for (const auto& e : exits) {
-      nlohmann::json fields = {{"local_rank", e.local_rank},
-                               {"rank", base_rank_ + e.local_rank},
-                               {"pid", e.pid}};
+      nlohmann::json fields = {
+          {"local_rank", e.local_rank}, {"rank", base_rank_ + e.local_rank}, {"pid", e.pid}};
       if (e.signaled) {
         fields["signal"] = signal_name(e.signal);
       } else {
@@ -293,7 +294,8 @@ void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
   if (!stopped.empty()) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
     log_->debug("stopped {} workers in {}ms", stopped.size(), ms);
-    events_.emit("workers_stopped", attempt, {{"signal", signal_name(sig)}, {"count", stopped.size()}});
+    events_.emit("workers_stopped", attempt,
+                 {{"signal", signal_name(sig)}, {"count", stopped.size()}});
   }
   std::lock_guard<std::mutex> lock(phase_mutex_);
   workers_running_ = false;
@@ -316,8 +318,8 @@ void ElasticAgent::Impl::check_job_alive(const char* what) {
   for (int n = 0; n < info_.group_world_size; ++n) {
     if (n != info_.group_rank && info_.store->check({keys::gone(n)})) {
       throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
-                                    info_.nodes[static_cast<size_t>(n)].host + ") left the job while " +
-                                    what};
+                                    info_.nodes[static_cast<size_t>(n)].host +
+                                    ") left the job while " + what};
     }
   }
 }
@@ -393,8 +395,10 @@ bool ElasticAgent::Impl::exit_barrier(int attempt) {
       return true;
     }
     if (Clock::now() >= deadline) {
-      log_->warn("exit barrier timed out after {}s: {} of {} nodes finished; this node's workers succeeded",
-                 c_.exit_barrier_timeout.count() / 1000, finished, info_.group_world_size);
+      log_->warn(
+          "exit barrier timed out after {}s: {} of {} nodes finished; this node's workers "
+          "succeeded",
+          c_.exit_barrier_timeout.count() / 1000, finished, info_.group_world_size);
       return true;
     }
   }
@@ -432,11 +436,12 @@ RunResult ElasticAgent::Impl::finish(int code, std::string message) {
 
 RunResult ElasticAgent::Impl::run() {
   host_ = c_.local_addr.empty() ? hostname() : c_.local_addr;
-  log_->info("starting node_rank={} nnodes={} nproc_per_node={} master={}:{} run_id={} max_restarts={} "
-             "entrypoint={}",
-             c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
-             c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port),
-             c_.run_id, c_.max_restarts, c_.entrypoint_name);
+  log_->info(
+      "starting node_rank={} nnodes={} nproc_per_node={} master={}:{} run_id={} max_restarts={} "
+      "entrypoint={}",
+      c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
+      c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port), c_.run_id,
+      c_.max_restarts, c_.entrypoint_name);
   try {
     try {
       info_ = rdzv_.next_rendezvous();
@@ -465,10 +470,11 @@ RunResult ElasticAgent::Impl::run() {
                  std::to_string(r + n.local_world_size - 1);
         r += n.local_world_size;
       }
-      log_->info("rendezvous complete: run_id={} group_rank={} group_world_size={} world_size={} "
-                 "master={}:{}; {}",
-                 c_.run_id, info_.group_rank, info_.group_world_size, world_size_,
-                 info_.master_addr, info_.master_port, table);
+      log_->info(
+          "rendezvous complete: run_id={} group_rank={} group_world_size={} world_size={} "
+          "master={}:{}; {}",
+          c_.run_id, info_.group_rank, info_.group_world_size, world_size_, info_.master_addr,
+          info_.master_port, table);
       events_.emit("rendezvous", 0,
                    {{"group_rank", info_.group_rank},
                     {"group_world_size", info_.group_world_size},
@@ -481,8 +487,9 @@ RunResult ElasticAgent::Impl::run() {
     if (auto it = c_.rdzv_conf.find("node_timeout"); it != c_.rdzv_conf.end()) {
       node_timeout = std::chrono::milliseconds(static_cast<int64_t>(std::stod(it->second) * 1000));
     }
-    monitor_ = std::make_unique<JobMonitor>(info_.connect, info_.group_rank, info_.group_world_size,
-                                            [this] { launcher_.wake(); }, node_timeout, 5s);
+    monitor_ = std::make_unique<JobMonitor>(
+        info_.connect, info_.group_rank, info_.group_world_size, [this] { launcher_.wake(); },
+        node_timeout, 5s);
 
     for (attempt_ = 0;; ++attempt_) {
       const int k = attempt_;
@@ -512,8 +519,8 @@ RunResult ElasticAgent::Impl::run() {
         for (size_t i = 0; i < pids.size(); ++i) {
           list += (i ? " " : "") + std::to_string(pids[i]);
         }
-        log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(), base_rank_,
-                   base_rank_ + c_.nproc_per_node - 1, list);
+        log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(),
+                   base_rank_, base_rank_ + c_.nproc_per_node - 1, list);
         events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
       }
 
@@ -548,10 +555,11 @@ RunResult ElasticAgent::Impl::run() {
       }
 
       // A failure somewhere in the job: every node stops its workers.
-      FailureRecord root = outcome == Outcome::kLocalFailure ? publish_failure(k, local)
-                                                             : *monitor_->failure(k);
-      events_.emit("attempt_failed", k,
-                   {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
+      FailureRecord root =
+          outcome == Outcome::kLocalFailure ? publish_failure(k, local) : *monitor_->failure(k);
+      events_.emit(
+          "attempt_failed", k,
+          {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
       stop_workers(SIGTERM, k);
       if (pending_signal_) {
         int sig = pending_signal_;
@@ -562,22 +570,25 @@ RunResult ElasticAgent::Impl::run() {
       sync_after_stop(k, final);
       if (final) {
         if (root.node_rank == info_.group_rank) {
-          std::vector<FailureRecord> shown = local.empty() ? std::vector<FailureRecord>{root} : local;
+          std::vector<FailureRecord> shown =
+              local.empty() ? std::vector<FailureRecord>{root} : local;
           std::fprintf(stderr, "%s", format_failure_summary(c_.entrypoint_name, shown).c_str());
           std::fflush(stderr);
         }
-        std::string msg = "job failed after " + std::to_string(k) + "/" + std::to_string(c_.max_restarts) +
-                          " restarts: rank " + std::to_string(root.rank) + " (local_rank " +
-                          std::to_string(root.local_rank) + " on node " + std::to_string(root.node_rank) +
-                          ", " + root.host + ", pid " + std::to_string(root.pid) + ") failed with " +
-                          root.cause() + (root.node_rank == info_.group_rank ? "" : " (summary on that node)") +
-                          (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
+        std::string msg =
+            "job failed after " + std::to_string(k) + "/" + std::to_string(c_.max_restarts) +
+            " restarts: rank " + std::to_string(root.rank) + " (local_rank " +
+            std::to_string(root.local_rank) + " on node " + std::to_string(root.node_rank) + ", " +
+            root.host + ", pid " + std::to_string(root.pid) + ") failed with " + root.cause() +
+            (root.node_rank == info_.group_rank ? "" : " (summary on that node)") +
+            (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
         leave();
         return finish(kFailed, msg);
       }
-      log_->warn("rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
-                 "(restart {}/{})",
-                 root.rank, root.local_rank, root.node_rank, root.cause(), k + 1, c_.max_restarts);
+      log_->warn(
+          "rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
+          "(restart {}/{})",
+          root.rank, root.local_rank, root.node_rank, root.cause(), k + 1, c_.max_restarts);
       events_.emit("restart", k + 1, {{"restart", k + 1}, {"max_restarts", c_.max_restarts}});
     }
   } catch (const JobEnd& end) {

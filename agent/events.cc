@@ -10,7 +10,8 @@ namespace ctorchrun::agent {
 
 std::string rfc3339_now() {
   auto now = std::chrono::system_clock::now();
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::time_t t = std::chrono::system_clock::to_time_t(now);
   std::tm tm{};
   gmtime_r(&t, &tm);

@@ -11,9 +11,8 @@
 
 #include <fstream>
 #include <mutex>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace ctorchrun::agent {
 
@@ -22,7 +21,8 @@ class EventLog {
   // Empty path: events are dropped. Throws ConfigError if the file cannot be opened.
   EventLog(const std::string& path, std::string run_id, int node_rank);
 
-  void emit(const std::string& event, int attempt, nlohmann::json fields = nlohmann::json::object());
+  void emit(const std::string& event, int attempt,
+            nlohmann::json fields = nlohmann::json::object());
 
  private:
   std::mutex mutex_;

@@ -6,9 +6,8 @@
 #include <algorithm>
 #include <ctime>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/error.h"
 
@@ -62,10 +61,19 @@ std::string FailureRecord::cause() const {
 }
 
 std::string FailureRecord::to_json() const {
-  nlohmann::json j = {{"rank", rank},         {"local_rank", local_rank}, {"node_rank", node_rank},
-                      {"host", host},         {"pid", pid},               {"signaled", signaled},
-                      {"exit_code", exit_code}, {"signal", signal},       {"timestamp", timestamp}, {"noticed_ns", noticed_ns},
-                      {"error_file", error_file}, {"message", message},   {"attempt", attempt}};
+  nlohmann::json j = {{"rank", rank},
+                      {"local_rank", local_rank},
+                      {"node_rank", node_rank},
+                      {"host", host},
+                      {"pid", pid},
+                      {"signaled", signaled},
+                      {"exit_code", exit_code},
+                      {"signal", signal},
+                      {"timestamp", timestamp},
+                      {"noticed_ns", noticed_ns},
+                      {"error_file", error_file},
+                      {"message", message},
+                      {"attempt", attempt}};
   return j.dump();
 }
 
@@ -136,8 +144,9 @@ void read_error_file(const std::string& path, FailureRecord* record) {
 
 std::string format_failure_summary(const std::string& entrypoint_name,
                                    std::vector<FailureRecord> failures) {
-  std::stable_sort(failures.begin(), failures.end(),
-                   [](const FailureRecord& a, const FailureRecord& b) { return a.earlier_than(b); });
+  std::stable_sort(
+      failures.begin(), failures.end(),
+      [](const FailureRecord& a, const FailureRecord& b) { return a.earlier_than(b); });
   const std::string sep(60, '=');
   const std::string line(60, '-');
   std::ostringstream os;

@@ -9,7 +9,9 @@ namespace keys {
 std::string alive(int node) { return "alive/" + std::to_string(node); }
 std::string failure(int attempt) { return "attempt/" + std::to_string(attempt) + "/failure"; }
 std::string stopped(int attempt) { return "attempt/" + std::to_string(attempt) + "/stopped"; }
-std::string all_stopped(int attempt) { return "attempt/" + std::to_string(attempt) + "/all_stopped"; }
+std::string all_stopped(int attempt) {
+  return "attempt/" + std::to_string(attempt) + "/all_stopped";
+}
 std::string clean(int attempt) { return "attempt/" + std::to_string(attempt) + "/clean"; }
 std::string done(int attempt) { return "attempt/" + std::to_string(attempt) + "/done"; }
 std::string all_done(int attempt) { return "attempt/" + std::to_string(attempt) + "/all_done"; }

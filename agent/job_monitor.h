@@ -28,12 +28,12 @@ namespace ctorchrun::agent {
 namespace keys {
 std::string alive(int node);
 std::string failure(int attempt);
-std::string stopped(int attempt);       // ADD counter: nodes whose workers are stopped
-std::string all_stopped(int attempt);   // set by the node that completes the count
-std::string clean(int attempt);         // set by the host once worker keys are gone
-std::string done(int attempt);          // ADD counter: nodes whose workers all succeeded
+std::string stopped(int attempt);      // ADD counter: nodes whose workers are stopped
+std::string all_stopped(int attempt);  // set by the node that completes the count
+std::string clean(int attempt);        // set by the host once worker keys are gone
+std::string done(int attempt);         // ADD counter: nodes whose workers all succeeded
 std::string all_done(int attempt);
-std::string gone(int node);             // set by a node that leaves for good
+std::string gone(int node);  // set by a node that leaves for good
 }  // namespace keys
 
 class JobMonitor {

@@ -48,12 +48,13 @@ struct LaunchConfig {
   std::string entrypoint_name;
 
   // Output and logs.
-  std::string log_dir;                  // empty: a temporary directory
-  unsigned redirects_default = 0;       // bit 1 stdout, bit 2 stderr
-  std::map<int, unsigned> redirects;    // per local rank
+  std::string log_dir;                // empty: a temporary directory
+  unsigned redirects_default = 0;     // bit 1 stdout, bit 2 stderr
+  std::map<int, unsigned> redirects;  // per local rank
   unsigned tee_default = 0;
   std::map<int, unsigned> tee;
-  std::optional<std::vector<int>> local_ranks_filter;  // ranks whose teed output reaches the console
+  std::optional<std::vector<int>>
+      local_ranks_filter;  // ranks whose teed output reaches the console
   std::string events_file;
 
   unsigned redirects_for(int local_rank) const {

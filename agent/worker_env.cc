@@ -34,7 +34,8 @@ int base_global_rank(const std::vector<int>& local_world_sizes, int group_rank) 
   return base;
 }
 
-std::vector<std::string> substitute_local_rank(const std::vector<std::string>& argv, int local_rank) {
+std::vector<std::string> substitute_local_rank(const std::vector<std::string>& argv,
+                                               int local_rank) {
   static const std::string kMacro = "${local_rank}";
   std::vector<std::string> out = argv;
   for (auto& a : out) {

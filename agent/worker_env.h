@@ -36,6 +36,7 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
 int base_global_rank(const std::vector<int>& local_world_sizes, int group_rank);
 
 // torchrun's legacy "${local_rank}" macro, replaced in every argument.
-std::vector<std::string> substitute_local_rank(const std::vector<std::string>& argv, int local_rank);
+std::vector<std::string> substitute_local_rank(const std::vector<std::string>& argv,
+                                               int local_rank);
 
 }  // namespace ctorchrun::agent

@@ -4,14 +4,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <random>
 #include <sstream>
 #include <tuple>
-
-#include <CLI/CLI.hpp>
 
 #include "common/config.h"
 
@@ -73,7 +72,8 @@ void parse_std_map(const std::string& flag, const std::string& v, unsigned* all,
                    std::map<int, unsigned>* per_rank) {
   auto value = [&](const std::string& s) {
     if (s.size() != 1 || s[0] < '0' || s[0] > '3') {
-      throw UsageError(flag + ": '" + s + "' is not one of 0 (none), 1 (stdout), 2 (stderr), 3 (both)");
+      throw UsageError(flag + ": '" + s +
+                       "' is not one of 0 (none), 1 (stdout), 2 (stderr), 3 (both)");
     }
     return static_cast<unsigned>(s[0] - '0');
   };
@@ -131,7 +131,8 @@ void split_endpoint(const std::string& ep, std::string* host, int* port) {
     if (close == std::string::npos) throw UsageError("--rdzv_endpoint: '" + ep + "' lacks a ']'");
     *host = ep.substr(1, close - 1);
     if (close + 1 < ep.size()) {
-      if (ep[close + 1] != ':') throw UsageError("--rdzv_endpoint: '" + ep + "' is not [HOST]:PORT");
+      if (ep[close + 1] != ':')
+        throw UsageError("--rdzv_endpoint: '" + ep + "' is not [HOST]:PORT");
       *port = parse_int("--rdzv_endpoint port", ep.substr(close + 2), 1, 65535);
     }
     return;
@@ -251,8 +252,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   opt("--node-rank,--node_rank", node_rank, "PET_NODE_RANK", "rank of this node, 0..nnodes-1");
   opt("--master-addr,--master_addr", master_addr, "PET_MASTER_ADDR",
       "address of node 0, which hosts the store");
-  opt("--master-port,--master_port", master_port, "PET_MASTER_PORT",
-      "port of the store on node 0");
+  opt("--master-port,--master_port", master_port, "PET_MASTER_PORT", "port of the store on node 0");
   opt("--max-restarts,--max_restarts", max_restarts, "PET_MAX_RESTARTS",
       "job-wide restarts of every worker after a failure (nodes must agree)");
   opt("--monitor-interval,--monitor_interval", monitor_interval, "PET_MONITOR_INTERVAL",
@@ -283,8 +283,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   opt("-t,--tee", tee, "PET_TEE",
       "copy worker output to log files and the console, lines prefixed [<role><local_rank>]:; "
       "same syntax as --redirects");
-  opt("--local-ranks-filter,--local_ranks_filter", local_ranks_filter,
-      "PET_LOCAL_RANKS_FILTER", "comma-separated local ranks whose teed output reaches the console");
+  opt("--local-ranks-filter,--local_ranks_filter", local_ranks_filter, "PET_LOCAL_RANKS_FILTER",
+      "comma-separated local ranks whose teed output reaches the console");
   opt("--local-addr,--local_addr", local_addr, "PET_LOCAL_ADDR",
       "this node's address as others should reach it");
   opt("--signals-to-handle,--signals_to_handle", signals, "PET_SIGNALS_TO_HANDLE",
@@ -333,7 +333,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
         const std::string& v = it->second;
         if (v == "1" || v == "true" || v == "True" || v == "TRUE" || v == "yes") {
           *target = true;
-        } else if (v == "0" || v == "false" || v == "False" || v == "FALSE" || v == "no" || v.empty()) {
+        } else if (v == "0" || v == "false" || v == "False" || v == "FALSE" || v == "no" ||
+                   v.empty()) {
           *target = false;
         } else {
           throw UsageError(name + "='" + v + "' is not a boolean (1 or 0)");
@@ -341,7 +342,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       }
     }
     std::vector<std::string> rest = app.remaining();
-    if (rest.empty()) throw UsageError("no training script given (ctorchrun [options] SCRIPT [args...])");
+    if (rest.empty())
+      throw UsageError("no training script given (ctorchrun [options] SCRIPT [args...])");
     if (rest[0].size() > 1 && rest[0][0] == '-') {
       throw UsageError("unknown option '" + rest[0] + "' before the training script");
     }
@@ -378,7 +380,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     if (start_method != "spawn" && start_method != "fork" && start_method != "forkserver") {
       throw UsageError("--start_method: '" + start_method + "' is not spawn, fork or forkserver");
     }
-    if (!logs_specs.empty()) throw UsageError("--logs_specs: plug-in log layouts are not supported");
+    if (!logs_specs.empty())
+      throw UsageError("--logs_specs: plug-in log layouts are not supported");
     if (!numa_binding.empty()) throw UsageError("--numa_binding is not supported yet");
 
     // Rendezvous.
@@ -423,8 +426,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       }
       split_endpoint(rdzv_endpoint, &c.master_addr, &c.master_port);
       if (c.node_rank >= c.max_nodes) {
-        throw UsageError("--node_rank=" + std::to_string(c.node_rank) + " must be below --nnodes=" +
-                         std::to_string(c.max_nodes));
+        throw UsageError("--node_rank=" + std::to_string(c.node_rank) +
+                         " must be below --nnodes=" + std::to_string(c.max_nodes));
       }
     }
     c.local_addr = local_addr;
@@ -460,7 +463,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     if (no_python && !run_path) {
       c.entrypoint = rest;
     } else {
-      std::string python = getenv_or(env, "CTORCHRUN_PYTHON", getenv_or(env, "PYTHON_EXEC", "python3"));
+      std::string python =
+          getenv_or(env, "CTORCHRUN_PYTHON", getenv_or(env, "PYTHON_EXEC", "python3"));
       c.entrypoint = {python, "-u"};
       if (module) c.entrypoint.push_back("-m");
       c.entrypoint.insert(c.entrypoint.end(), rest.begin(), rest.end());

@@ -13,8 +13,8 @@ namespace ctorchrun::cli {
 struct ParseOutcome {
   enum class Kind { kRun, kExit } kind = Kind::kRun;
   agent::LaunchConfig config;
-  int exit_code = 0;    // kExit: 0 after --help/--version, 2 after a usage error
-  std::string message;  // kExit: what to print (help text, or the one-line error)
+  int exit_code = 0;                 // kExit: 0 after --help/--version, 2 after a usage error
+  std::string message;               // kExit: what to print (help text, or the one-line error)
   std::vector<std::string> notices;  // kRun: one-time notices (torchrun's OMP_NUM_THREADS one)
 };
 

@@ -57,10 +57,11 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   try {
     store = connect(options_.timeout);
   } catch (const TimeoutError& e) {
-    throw TimeoutError("rendezvous '" + options_.run_id + "' failed: cannot reach the store of node 0 at " +
-                       endpoint + " within " + std::to_string(options_.timeout.count() / 1000) +
-                       "s; check that node 0 runs and that --master_addr/--master_port point to it (" +
-                       e.what() + ")");
+    throw TimeoutError(
+        "rendezvous '" + options_.run_id + "' failed: cannot reach the store of node 0 at " +
+        endpoint + " within " + std::to_string(options_.timeout.count() / 1000) +
+        "s; check that node 0 runs and that --master_addr/--master_port point to it (" + e.what() +
+        ")");
   }
 
   // Announce ourselves; a rank already taken by someone else is a mistake.
@@ -72,17 +73,18 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   std::string got = store->compare_set(node_key(options_.node_rank), "", mine);
   if (got != mine) {
     auto other = nlohmann::json::parse(got, nullptr, false);
-    throw ConfigError("node rank " + std::to_string(options_.node_rank) +
-                      " is already taken in job '" + options_.run_id + "' by host " +
-                      (other.is_object() ? other.value("host", std::string("?")) : std::string("?")) +
-                      " pid " + (other.is_object() ? std::to_string(other.value("pid", 0)) : "?") +
-                      "; give every node a distinct --node_rank");
+    throw ConfigError(
+        "node rank " + std::to_string(options_.node_rank) + " is already taken in job '" +
+        options_.run_id + "' by host " +
+        (other.is_object() ? other.value("host", std::string("?")) : std::string("?")) + " pid " +
+        (other.is_object() ? std::to_string(other.value("pid", 0)) : "?") +
+        "; give every node a distinct --node_rank");
   }
 
   std::vector<std::string> keys;
   for (int r = 0; r < options_.nnodes; ++r) keys.push_back(node_key(r));
-  auto left = options_.timeout -
-              std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  auto left = options_.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::steady_clock::now() - start);
   try {
     store->wait(keys, std::max(left, std::chrono::milliseconds(1)));
   } catch (const TimeoutError&) {
@@ -95,18 +97,20 @@ RendezvousInfo StaticHandler::next_rendezvous() {
         missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
     }
-    throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
-                       std::to_string(options_.timeout.count() / 1000) + "s: " + std::to_string(joined) +
-                       " of " + std::to_string(options_.nnodes) + " nodes joined (missing node ranks " +
-                       missing + "; endpoint " + endpoint +
-                       "); start every node with the same --nnodes, --master_addr and --master_port");
+    throw TimeoutError(
+        "rendezvous '" + options_.run_id + "' timed out after " +
+        std::to_string(options_.timeout.count() / 1000) + "s: " + std::to_string(joined) + " of " +
+        std::to_string(options_.nnodes) + " nodes joined (missing node ranks " + missing +
+        "; endpoint " + endpoint +
+        "); start every node with the same --nnodes, --master_addr and --master_port");
   }
 
   RendezvousInfo info;
   auto values = store->multi_get(keys);
   for (int r = 0; r < options_.nnodes; ++r) {
     auto j = nlohmann::json::parse(values[static_cast<size_t>(r)], nullptr, false);
-    if (!j.is_object()) throw ProtocolError("node " + std::to_string(r) + " announced an unreadable record");
+    if (!j.is_object())
+      throw ProtocolError("node " + std::to_string(r) + " announced an unreadable record");
     NodeInfo n;
     n.group_rank = r;
     n.local_world_size = j.value("local_world_size", 0);
@@ -114,8 +118,8 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     n.host = j.value("host", std::string());
     n.pid = j.value("pid", 0);
     if (n.max_restarts != options_.max_restarts) {
-      throw ConfigError("nodes disagree on --max_restarts: node " + std::to_string(r) + " (" + n.host +
-                        ") has " + std::to_string(n.max_restarts) + ", node " +
+      throw ConfigError("nodes disagree on --max_restarts: node " + std::to_string(r) + " (" +
+                        n.host + ") has " + std::to_string(n.max_restarts) + ", node " +
                         std::to_string(options_.node_rank) + " has " +
                         std::to_string(options_.max_restarts) + "; give every node the same value");
     }

@@ -222,7 +222,8 @@ struct SpawnSetup : bp::extend::handler {
     char line[24];
     char digits[16];
     int n = 0;
-    for (pid_t v = ::getpid(); v > 0 && n < 16; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+    for (pid_t v = ::getpid(); v > 0 && n < 16; v /= 10)
+      digits[n++] = static_cast<char>('0' + v % 10);
     int len = 0;
     line[len++] = '+';
     while (n > 0) line[len++] = digits[--n];

@@ -6,7 +6,6 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
-
 #include <condition_variable>
 #include <deque>
 #include <functional>

@@ -3,7 +3,6 @@
 #include "agent/worker_env.h"
 
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <fstream>
 

@@ -48,7 +48,8 @@ TEST_CASE("command line: --no_python, -m and the interpreter choice", "[unit]") 
   REQUIRE(r.kind == ParseOutcome::Kind::kRun);
   CHECK(r.config.entrypoint == std::vector<std::string>{"./trainer", "-x"});
   r = parse({"-m", "pkg.mod", "a"});
-  CHECK(r.config.entrypoint == std::vector<std::string>{"/usr/bin/python3", "-u", "-m", "pkg.mod", "a"});
+  CHECK(r.config.entrypoint ==
+        std::vector<std::string>{"/usr/bin/python3", "-u", "-m", "pkg.mod", "a"});
   r = parse({"s.py"}, {{"PYTHON_EXEC", "/opt/py"}, {"CTORCHRUN_PYTHON", ""}});
   CHECK(r.config.entrypoint.front() == "/opt/py");
   r = parse({"s.py"}, {{"PYTHON_EXEC", "/opt/py"}, {"CTORCHRUN_PYTHON", "/my/py"}});
@@ -130,12 +131,31 @@ TEST_CASE("command line: --help documents every option, the variables and the ex
   auto r = parse({"--help"});
   REQUIRE(r.kind == ParseOutcome::Kind::kExit);
   CHECK(r.exit_code == 0);
-  for (const char* s :
-       {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port",
-        "--max-restarts", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
-        "--standalone", "--no-python", "--module", "--log-dir", "--redirects", "--tee",
-        "--local-ranks-filter", "--shutdown-timeout", "--exit-barrier-timeout", "--events-file",
-        "PET_", "CTORCHRUN_PYTHON", "LOGLEVEL", "128+N", "Exit codes"}) {
+  for (const char* s : {"--nnodes",
+                        "--nproc-per-node",
+                        "--node-rank",
+                        "--master-addr",
+                        "--master-port",
+                        "--max-restarts",
+                        "--rdzv-backend",
+                        "--rdzv-endpoint",
+                        "--rdzv-id",
+                        "--rdzv-conf",
+                        "--standalone",
+                        "--no-python",
+                        "--module",
+                        "--log-dir",
+                        "--redirects",
+                        "--tee",
+                        "--local-ranks-filter",
+                        "--shutdown-timeout",
+                        "--exit-barrier-timeout",
+                        "--events-file",
+                        "PET_",
+                        "CTORCHRUN_PYTHON",
+                        "LOGLEVEL",
+                        "128+N",
+                        "Exit codes"}) {
     INFO(s);
     CHECK(r.message.find(s) != std::string::npos);
   }

@@ -87,7 +87,8 @@ bool process_gone_within(int pid, std::chrono::milliseconds timeout) {
     if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
     std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
     auto close = stat.rfind(')');
-    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') return true;
+    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z')
+      return true;
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -4,7 +4,6 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <regex>
 #include <thread>
@@ -17,7 +16,9 @@ using namespace std::chrono_literals;
 namespace {
 
 // A worker written in sh: `body` runs with the worker's environment.
-std::vector<std::string> sh(const std::string& body) { return {"--no_python", "/bin/sh", "-c", body}; }
+std::vector<std::string> sh(const std::string& body) {
+  return {"--no_python", "/bin/sh", "-c", body};
+}
 
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -54,17 +55,20 @@ TEST_CASE("ctorchrun: workers get torchrun's environment and the job exits 0", "
     CHECK(env.find("\nNCCL_ASYNC_ERROR_HANDLING=1\n") != std::string::npos);
     CHECK(env.find("\nTORCH_NCCL_ASYNC_ERROR_HANDLING=1\n") != std::string::npos);
     CHECK(env.find("\nOMP_NUM_THREADS=1\n") != std::string::npos);
-    CHECK(std::regex_search(env, std::regex("\nTORCHELASTIC_ERROR_FILE=/tmp/ctorchrun_[^/]+/envjob_[^/]{8}/attempt_0/" +
-                                            std::to_string(rank) + "/error.json\n")));
+    CHECK(std::regex_search(
+        env, std::regex("\nTORCHELASTIC_ERROR_FILE=/tmp/ctorchrun_[^/]+/envjob_[^/]{8}/attempt_0/" +
+                        std::to_string(rank) + "/error.json\n")));
   }
   CHECK(r.output.find("Setting OMP_NUM_THREADS environment variable") != std::string::npos);
 }
 
-TEST_CASE("ctorchrun: a failing worker restarts every worker; exhausted restarts exit 1 with a summary",
-          "[multiproc]") {
+TEST_CASE(
+    "ctorchrun: a failing worker restarts every worker; exhausted restarts exit 1 with a summary",
+    "[multiproc]") {
   TempDir d;
   auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--max_restarts=2"},
-                                sh("echo $$ > " + d.path + "/start_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
+                                sh("echo $$ > " + d.path +
+                                   "/start_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
                                    "if [ $RANK = 1 ]; then exit 3; fi; sleep 30")));
   INFO(r.output);
   CHECK(r.exit_code == 1);
@@ -85,7 +89,8 @@ TEST_CASE("ctorchrun: a failing worker restarts every worker; exhausted restarts
 TEST_CASE("ctorchrun: a worker that fails once is restarted and the job succeeds", "[multiproc]") {
   TempDir d;
   auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
-                                sh("touch " + d.path + "/ran_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
+                                sh("touch " + d.path +
+                                   "/ran_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
                                    "if [ $RANK = 0 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
                                    "kill -SEGV $$; fi; exit 0")));
   INFO(r.output);
@@ -117,19 +122,21 @@ TEST_CASE("ctorchrun: --log_dir keeps torchrun's layout; --redirects and --tee r
 
 TEST_CASE("ctorchrun: the events file records the lifecycle as JSON lines", "[multiproc]") {
   TempDir d;
-  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1",
-                                 "--events_file=" + d.file("events.jsonl")},
-                                sh("if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 7; fi")));
+  auto r = run_ctorchrun(
+      concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1",
+              "--events_file=" + d.file("events.jsonl")},
+             sh("if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 7; fi")));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   std::string ev = read_file(d.file("events.jsonl"));
   INFO(ev);
-  for (const char* e : {"\"rendezvous\"", "\"workers_started\"", "\"worker_exited\"", "\"attempt_failed\"",
-                        "\"restart\"", "\"finished\""}) {
+  for (const char* e : {"\"rendezvous\"", "\"workers_started\"", "\"worker_exited\"",
+                        "\"attempt_failed\"", "\"restart\"", "\"finished\""}) {
     CHECK(ev.find(std::string("\"event\":") + e) != std::string::npos);
   }
   CHECK(ev.find("\"exit_code\":7") != std::string::npos);
-  CHECK(std::regex_search(ev, std::regex("\"time\":\"\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z\"")));
+  CHECK(std::regex_search(
+      ev, std::regex("\"time\":\"\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z\"")));
   CHECK(count_lines_with(ev, "\"event\":\"workers_started\"") == 2);
 }
 
@@ -147,8 +154,8 @@ TEST_CASE("ctorchrun: SIGTERM stops every worker and exits 143", "[multiproc]") 
 TEST_CASE("ctorchrun: SIGKILL of the agent leaves no worker and no grandchild", "[multiproc]") {
   TempDir d;
   auto p = start_ctorchrun(concat({"--standalone", "--nproc_per_node=2"},
-                                  sh("echo $$ > " + d.path + "/pid_$RANK; sleep 60 & echo $! > " + d.path +
-                                     "/grandchild_$RANK; wait")));
+                                  sh("echo $$ > " + d.path + "/pid_$RANK; sleep 60 & echo $! > " +
+                                     d.path + "/grandchild_$RANK; wait")));
   for (const char* f : {"pid_0", "pid_1", "grandchild_0", "grandchild_1"}) {
     REQUIRE(wait_for_file(d.file(f), 20s));
   }
@@ -162,12 +169,14 @@ TEST_CASE("ctorchrun: SIGKILL of the agent leaves no worker and no grandchild", 
   for (int pid : grandchildren) CHECK(process_gone_within(pid, 5s));
 }
 
-TEST_CASE("ctorchrun: a worker ignoring SIGTERM is killed after --shutdown_timeout", "[multiproc]") {
+TEST_CASE("ctorchrun: a worker ignoring SIGTERM is killed after --shutdown_timeout",
+          "[multiproc]") {
   TempDir d;
   auto t0 = std::chrono::steady_clock::now();
   auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=0.5"},
                                 sh("if [ $RANK = 1 ]; then sleep 0.3; exit 9; fi; trap '' TERM; "
-                                   "echo $$ > " + d.path + "/stubborn; while :; do sleep 0.05; done")));
+                                   "echo $$ > " +
+                                   d.path + "/stubborn; while :; do sleep 0.05; done")));
   auto took = std::chrono::steady_clock::now() - t0;
   INFO(r.output);
   CHECK(r.exit_code == 1);
@@ -180,14 +189,17 @@ TEST_CASE("ctorchrun: two nodes, the second started first; a failure on node 1 r
           "[multiproc]") {
   TempDir d;
   std::string port = std::to_string(free_port());
-  auto worker = sh("echo x > " + d.path + "/start_${GROUP_RANK}_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
-                   "if [ $RANK = 3 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 0.5; exit 5; fi; "
-                   "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 30; fi");
+  auto worker =
+      sh("echo x > " + d.path +
+         "/start_${GROUP_RANK}_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
+         "if [ $RANK = 3 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 0.5; exit 5; fi; "
+         "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 30; fi");
   auto node = [&](int rank) {
-    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--nproc_per_node=2",
-                                   "--master_addr=127.0.0.1", "--master_port=" + port, "--max_restarts=1",
-                                   "--rdzv_conf=timeout=60"},
-                                  worker));
+    return start_ctorchrun(
+        concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--nproc_per_node=2",
+                "--master_addr=127.0.0.1", "--master_port=" + port, "--max_restarts=1",
+                "--rdzv_conf=timeout=60"},
+               worker));
   };
   auto n1 = node(1);
   std::this_thread::sleep_for(300ms);
@@ -214,8 +226,8 @@ TEST_CASE("ctorchrun: final failure on node 1: both nodes exit 1, node 0 names n
   std::string port = std::to_string(free_port());
   auto worker = sh("if [ $RANK = 2 ]; then sleep 0.3; exit 4; fi; sleep 30");
   auto node = [&](int rank) {
-    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--nproc_per_node=2",
-                                   "--master_port=" + port},
+    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank),
+                                   "--nproc_per_node=2", "--master_port=" + port},
                                   worker));
   };
   auto n0 = node(0);
@@ -260,8 +272,8 @@ TEST_CASE("ctorchrun: usage errors exit 2, a busy port exits 4, an unreachable m
   // Nobody at the master: node 1 gives up after the rendezvous timeout.
   std::string closed = std::to_string(free_port());
   t0 = std::chrono::steady_clock::now();
-  r = run_ctorchrun({"--nnodes=2", "--node_rank=1", "--master_port=" + closed, "--rdzv_conf=timeout=1",
-                     "--no_python", "/bin/true"});
+  r = run_ctorchrun({"--nnodes=2", "--node_rank=1", "--master_port=" + closed,
+                     "--rdzv_conf=timeout=1", "--no_python", "/bin/true"});
   INFO(r.output);
   CHECK(r.exit_code == 3);
   CHECK(r.output.find("127.0.0.1:" + closed) != std::string::npos);
@@ -269,7 +281,8 @@ TEST_CASE("ctorchrun: usage errors exit 2, a busy port exits 4, an unreachable m
 }
 
 TEST_CASE("ctorchrun: a missing executable is a clear error, not a hang", "[multiproc]") {
-  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--no_python", "/nonexistent/trainer"});
+  auto r =
+      run_ctorchrun({"--standalone", "--nproc_per_node=2", "--no_python", "/nonexistent/trainer"});
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("/nonexistent/trainer") != std::string::npos);

@@ -2,7 +2,6 @@
 // /usr/bin/torchrun (which needs --redirects 9:1 --tee 9:1 on Python 3.11).
 
 #include <catch2/catch.hpp>
-
 #include <fstream>
 #include <map>
 #include <regex>
@@ -17,9 +16,16 @@ namespace {
 
 const std::string kExample = CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py";
 
-LaunchResult run_torchrun(const std::vector<std::string>& args, std::chrono::seconds timeout = 180s) {
-  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON, "/usr/bin/torchrun", "--redirects", "9:1",
-                                   "--tee", "9:1", "--monitor_interval", "0.1"};
+LaunchResult run_torchrun(const std::vector<std::string>& args,
+                          std::chrono::seconds timeout = 180s) {
+  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON,
+                                   "/usr/bin/torchrun",
+                                   "--redirects",
+                                   "9:1",
+                                   "--tee",
+                                   "9:1",
+                                   "--monitor_interval",
+                                   "0.1"};
   argv.insert(argv.end(), args.begin(), args.end());
   Process p(argv, {}, /*capture_stderr=*/true);
   LaunchResult r;
@@ -54,18 +60,20 @@ std::map<std::string, std::string> parse_env0(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("ctorchrun: a torch DDP job ends bit-identical to the same job under torchrun", "[torch]") {
+TEST_CASE("ctorchrun: a torch DDP job ends bit-identical to the same job under torchrun",
+          "[torch]") {
   TempDir d;
-  auto ours = run_ctorchrun({"--nproc_per_node=2", "--master_port=" + std::to_string(free_port()), kExample,
-                             "--workdir", d.file("ours"), "--epochs", "3"});
+  auto ours = run_ctorchrun({"--nproc_per_node=2", "--master_port=" + std::to_string(free_port()),
+                             kExample, "--workdir", d.file("ours"), "--epochs", "3"});
   INFO(ours.output);
   REQUIRE(ours.exit_code == 0);
-  auto theirs = run_torchrun({"--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
-                              std::to_string(free_port()), kExample, "--workdir", d.file("theirs"),
-                              "--epochs", "3"});
+  auto theirs = run_torchrun({"--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                              "--master_port", std::to_string(free_port()), kExample, "--workdir",
+                              d.file("theirs"), "--epochs", "3"});
   INFO(theirs.output);
   REQUIRE(theirs.exit_code == 0);
-  std::string a = read_file(d.file("ours/result.json")), b = read_file(d.file("theirs/result.json"));
+  std::string a = read_file(d.file("ours/result.json")),
+              b = read_file(d.file("theirs/result.json"));
   REQUIRE_FALSE(json_field(a, "digest").empty());
   CHECK(json_field(a, "digest") == json_field(b, "digest"));
   CHECK(json_field(a, "world") == "2");
@@ -74,14 +82,16 @@ TEST_CASE("ctorchrun: a torch DDP job ends bit-identical to the same job under t
 TEST_CASE("ctorchrun: a torch worker failing in epoch 1 resumes from its checkpoint, bit-identical",
           "[torch]") {
   TempDir d;
-  auto clean = run_ctorchrun({"--standalone", "--nproc_per_node=2", kExample, "--workdir", d.file("clean"),
-                              "--epochs", "3"});
+  auto clean = run_ctorchrun({"--standalone", "--nproc_per_node=2", kExample, "--workdir",
+                              d.file("clean"), "--epochs", "3"});
   REQUIRE(clean.exit_code == 0);
-  auto resumed = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--max_restarts=1", kExample,
-                                "--workdir", d.file("resumed"), "--epochs", "3", "--fail-once-at-epoch", "1"});
+  auto resumed =
+      run_ctorchrun({"--standalone", "--nproc_per_node=2", "--max_restarts=1", kExample,
+                     "--workdir", d.file("resumed"), "--epochs", "3", "--fail-once-at-epoch", "1"});
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
-  std::string a = read_file(d.file("clean/result.json")), b = read_file(d.file("resumed/result.json"));
+  std::string a = read_file(d.file("clean/result.json")),
+              b = read_file(d.file("resumed/result.json"));
   CHECK(json_field(a, "digest") == json_field(b, "digest"));
   CHECK(json_field(b, "attempt") == "1");
   CHECK(json_field(b, "resumed_from") == "1");
@@ -100,17 +110,27 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
   TempDir d;
   auto worker = std::vector<std::string>{"--no_python", "/bin/sh", "-c",
                                          "env -0 > " + d.path + "/$LAUNCHER.$RANK"};
-  auto ours = run_ctorchrun([&] {
-    std::vector<std::string> a = {"--nproc_per_node=2", "--master_port=" + std::to_string(free_port())};
-    a.insert(a.end(), worker.begin(), worker.end());
-    return a;
-  }(), {{"LAUNCHER", "ours"}});
+  auto ours = run_ctorchrun(
+      [&] {
+        std::vector<std::string> a = {"--nproc_per_node=2",
+                                      "--master_port=" + std::to_string(free_port())};
+        a.insert(a.end(), worker.begin(), worker.end());
+        return a;
+      }(),
+      {{"LAUNCHER", "ours"}});
   REQUIRE(ours.exit_code == 0);
-  std::vector<std::string> targs = {"--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
-                                    std::to_string(free_port())};
+  std::vector<std::string> targs = {"--nproc_per_node", "2",
+                                    "--master_addr",    "127.0.0.1",
+                                    "--master_port",    std::to_string(free_port())};
   targs.insert(targs.end(), worker.begin(), worker.end());
-  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON, "/usr/bin/torchrun", "--redirects", "9:1", "--tee",
-                                   "9:1", "--monitor_interval", "0.1"};
+  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON,
+                                   "/usr/bin/torchrun",
+                                   "--redirects",
+                                   "9:1",
+                                   "--tee",
+                                   "9:1",
+                                   "--monitor_interval",
+                                   "0.1"};
   argv.insert(argv.end(), targs.begin(), targs.end());
   Process p(argv, {{"LAUNCHER", "theirs"}}, true);
   std::string out = p.read_all(120s);
@@ -121,7 +141,8 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
     auto b = parse_env0(read_file(d.path + "/theirs." + std::to_string(rank)));
     REQUIRE(a.size() > 10);
     // Set by the test for each launcher, not by the launchers.
-    for (const char* k : {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "LAUNCHER", "CTORCHRUN_PYTHON", "_"}) {
+    for (const char* k :
+         {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "LAUNCHER", "CTORCHRUN_PYTHON", "_"}) {
       a.erase(k);
       b.erase(k);
     }
@@ -139,7 +160,8 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
   }
 }
 
-TEST_CASE("ctorchrun: restarted torch workers read none of the previous attempt's keys", "[torch]") {
+TEST_CASE("ctorchrun: restarted torch workers read none of the previous attempt's keys",
+          "[torch]") {
   TempDir d;
   // Like a torch 2.6+ worker, it writes keys without an attempt prefix.
   std::ofstream(d.file("keys.py")) << R"PY(
@@ -164,9 +186,25 @@ try:
 except RuntimeError:
     print(f"rank {rank} attempt {attempt}: clean", flush=True)
 )PY";
-  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--max_restarts=1", d.file("keys.py")});
+  auto r =
+      run_ctorchrun({"--standalone", "--nproc_per_node=2", "--max_restarts=1", d.file("keys.py")});
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("rank 0 attempt 1: clean") != std::string::npos);
   CHECK(r.output.find("rank 1 attempt 1: clean") != std::string::npos);
+}
+
+TEST_CASE("ctorchrun: a torch worker's @record error file puts its traceback in the summary",
+          "[torch]") {
+  TempDir d;
+  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--log_dir=" + d.path,
+                          CTORCHRUN_SOURCE_DIR "/tests/launcher/py/fail_worker.py", "--rank", "1",
+                          "--raise", "--sleep", "30"});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("rank      : 1 (local_rank: 1)") != std::string::npos);
+  CHECK(r.output.find("ValueError: boom from rank 1") != std::string::npos);
+  CHECK(r.output.find("Traceback (most recent call last)") != std::string::npos);
+  CHECK(std::regex_search(
+      r.output, std::regex("error_file: " + d.path + "/standalone_[^/]+/attempt_0/1/error.json")));
 }
