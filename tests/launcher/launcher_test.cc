@@ -287,3 +287,61 @@ TEST_CASE("ctorchrun: a missing executable is a clear error, not a hang", "[mult
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("/nonexistent/trainer") != std::string::npos);
 }
+
+TEST_CASE("ctorchrun: nodes that disagree on --max_restarts fail the rendezvous with exit 2",
+          "[multiproc]") {
+  std::string port = std::to_string(free_port());
+  auto node = [&](int rank, int restarts) {
+    return start_ctorchrun({"--nnodes=2", "--node_rank=" + std::to_string(rank),
+                            "--master_port=" + port, "--max_restarts=" + std::to_string(restarts),
+                            "--rdzv_conf=timeout=30", "--no_python", "/bin/true"});
+  };
+  auto n0 = node(0, 1);
+  auto n1 = node(1, 2);
+  int rc0 = n0->exit_code(30s), rc1 = n1->exit_code(30s);
+  std::string out0 = n0->read_all(1s), out1 = n1->read_all(1s);
+  INFO("node0:\n" << out0 << "\nnode1:\n" << out1);
+  CHECK(rc0 == 2);
+  CHECK(rc1 == 2);
+  CHECK(out0.find("disagree on --max_restarts") != std::string::npos);
+}
+
+TEST_CASE("ctorchrun: when node 0 (the store) dies, node 1 stops its workers and exits 3",
+          "[multiproc]") {
+  TempDir d;
+  std::string port = std::to_string(free_port());
+  auto node = [&](int rank) {
+    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank),
+                                   "--nproc_per_node=1", "--master_port=" + port},
+                                  sh("echo $$ > " + d.path + "/pid_$RANK; exec sleep 60")));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  REQUIRE(wait_for_file(d.file("pid_0"), 20s));
+  REQUIRE(wait_for_file(d.file("pid_1"), 20s));
+  auto t0 = std::chrono::steady_clock::now();
+  n0->signal(SIGKILL);
+  int rc1 = n1->exit_code(30s);
+  std::string out1 = n1->read_all(1s);
+  INFO(out1);
+  CHECK(rc1 == 3);
+  CHECK(out1.find("lost the job's store") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_1"))), 2s));
+  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_0"))), 5s));
+}
+
+TEST_CASE("ctorchrun: --local_ranks_filter keeps other ranks' teed lines off the console only",
+          "[multiproc]") {
+  TempDir d;
+  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--log_dir=" + d.path,
+                                 "--tee=3", "--local_ranks_filter=1"},
+                                sh("echo line-from-$RANK")));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("[default1]:line-from-1") != std::string::npos);
+  CHECK(r.output.find("line-from-0") == std::string::npos);
+  std::string run_dir;
+  for (const auto& e : std::filesystem::directory_iterator(d.path)) run_dir = e.path().string();
+  CHECK(read_file(run_dir + "/attempt_0/0/stdout.log") == "line-from-0\n");
+}
