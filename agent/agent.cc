@@ -528,6 +528,10 @@ RunResult ElasticAgent::Impl::run() {
       Outcome outcome = watch(k, &local);
       if (outcome == Outcome::kSucceeded) {
         stop_workers(SIGTERM, k);  // no worker runs: clears leftovers, updates the phase
+        if (int sig = pending_signal_) {
+          leave();
+          return finish(128 + sig, "stopped by " + signal_name(sig));
+        }
         if (exit_barrier(k)) {
           log_->info("all workers of the job succeeded; exiting 0");
           leave();

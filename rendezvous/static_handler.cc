@@ -30,7 +30,10 @@ RendezvousInfo StaticHandler::next_rendezvous() {
 
   if (options_.node_rank == 0 && !server_) {
     store::ServerOptions so;
-    so.host = "0.0.0.0";  // as torch's agent binds: reachable on every interface
+    // As torch's agent binds: reachable on every interface; a job whose master
+    // is this machine's loopback address stays on it.
+    const std::string& m = options_.master_addr;
+    so.host = (m == "localhost" || m.rfind("127.", 0) == 0) ? "127.0.0.1" : "0.0.0.0";
     so.port = static_cast<uint16_t>(options_.master_port);
     server_ = store::TcpStoreServer::start(so);  // IoError names the port
     port = server_->port();

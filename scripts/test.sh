@@ -3,7 +3,7 @@
 #  1. scripts/setup.sh (apt dependencies), a Release build with warnings as
 #     errors, and an ASan+UBSan build;
 #  2. the formatting check and the request-parser fuzzer (bounded time);
-#  3. the unit and net tests under ASan+UBSan;
+#  3. the unit, net and multi-process tests under ASan+UBSan;
 #  4. every test but the GPU ones, unsanitised (multi-process and torch too).
 # GPU tests (label gpu) need a GPU and are left out here by name: run them with
 #   (cd build && ctest -L gpu --output-on-failure)
@@ -20,9 +20,9 @@ BUILD_DIR=build-asan scripts/build.sh -DCTORCHRUN_WERROR=ON -DCTORCHRUN_SANITIZE
 scripts/format.sh --check
 scripts/fuzz.sh "$fuzz_seconds"
 
-echo "== unit and net tests under ASan+UBSan"
+echo "== unit, net and multiproc tests under ASan+UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest -L 'unit|net' --output-on-failure -j "$jobs")
+  ctest -L 'unit|net|multiproc' --output-on-failure -j "$jobs")
 
 echo "== every test but gpu"
 (cd build && ctest -LE gpu --output-on-failure -j "$jobs")
