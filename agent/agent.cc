@@ -24,6 +24,7 @@ namespace ctorchrun::agent {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+using worker::signal_name;
 
 namespace {
 

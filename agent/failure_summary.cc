@@ -10,8 +10,11 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "worker/launcher.h"
 
 namespace ctorchrun::agent {
+
+using worker::signal_name;
 
 namespace {
 
@@ -49,11 +52,6 @@ std::string format_one(size_t idx, const FailureRecord& f) {
 }
 
 }  // namespace
-
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
 
 std::string FailureRecord::cause() const {
   if (signaled) return "signal " + std::to_string(signal) + " (" + signal_name(signal) + ")";

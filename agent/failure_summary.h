@@ -47,6 +47,4 @@ void read_error_file(const std::string& path, FailureRecord* record);
 std::string format_failure_summary(const std::string& entrypoint_name,
                                    std::vector<FailureRecord> failures);
 
-std::string signal_name(int sig);  // "SIGSEGV"
-
 }  // namespace ctorchrun::agent

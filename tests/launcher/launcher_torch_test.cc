@@ -17,6 +17,7 @@ namespace {
 const std::string kExample = CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py";
 
 LaunchResult run_torchrun(const std::vector<std::string>& args,
+                          const std::map<std::string, std::string>& env = {},
                           std::chrono::seconds timeout = 180s) {
   std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON,
                                    "/usr/bin/torchrun",
@@ -27,7 +28,7 @@ LaunchResult run_torchrun(const std::vector<std::string>& args,
                                    "--monitor_interval",
                                    "0.1"};
   argv.insert(argv.end(), args.begin(), args.end());
-  Process p(argv, {}, /*capture_stderr=*/true);
+  Process p(argv, env, /*capture_stderr=*/true);
   LaunchResult r;
   r.output = p.read_all(timeout);
   r.exit_code = p.exit_code(10s);
@@ -123,19 +124,9 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
                                     "--master_addr",    "127.0.0.1",
                                     "--master_port",    std::to_string(free_port())};
   targs.insert(targs.end(), worker.begin(), worker.end());
-  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON,
-                                   "/usr/bin/torchrun",
-                                   "--redirects",
-                                   "9:1",
-                                   "--tee",
-                                   "9:1",
-                                   "--monitor_interval",
-                                   "0.1"};
-  argv.insert(argv.end(), targs.begin(), targs.end());
-  Process p(argv, {{"LAUNCHER", "theirs"}}, true);
-  std::string out = p.read_all(120s);
-  INFO(out);
-  REQUIRE(p.exit_code(10s) == 0);
+  auto theirs = run_torchrun(targs, {{"LAUNCHER", "theirs"}});
+  INFO(theirs.output);
+  REQUIRE(theirs.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
     auto a = parse_env0(read_file(d.path + "/ours." + std::to_string(rank)));
     auto b = parse_env0(read_file(d.path + "/theirs." + std::to_string(rank)));
