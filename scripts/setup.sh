@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   clang clang-format libclang-rt-14-dev
   libboost-dev libboost-filesystem-dev libboost-system-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2

@@ -58,7 +58,7 @@ TEST_CASE("command line: --no_python, -m and the interpreter choice", "[unit]") 
   CHECK(r.config.entrypoint.front() == "python3");
 }
 
-TEST_CASE("command line: PET_ variables are fallbacks; the command line wins", "[unit]") {
+TEST_CASE("command line: PET_ variables are fallbacks, the command line wins", "[unit]") {
   auto r = parse({"s.py"}, {{"PET_NPROC_PER_NODE", "3"}, {"PET_MASTER_PORT", "4321"}});
   REQUIRE(r.kind == ParseOutcome::Kind::kRun);
   CHECK(r.config.nproc_per_node == 3);

@@ -63,7 +63,7 @@ TEST_CASE("ctorchrun: workers get torchrun's environment and the job exits 0", "
 }
 
 TEST_CASE(
-    "ctorchrun: a failing worker restarts every worker; exhausted restarts exit 1 with a summary",
+    "ctorchrun: a failing worker restarts every worker, exhausted restarts exit 1 with a summary",
     "[multiproc]") {
   TempDir d;
   auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--max_restarts=2"},
@@ -100,7 +100,7 @@ TEST_CASE("ctorchrun: a worker that fails once is restarted and the job succeeds
   CHECK(r.output.find("SIGSEGV") != std::string::npos);
 }
 
-TEST_CASE("ctorchrun: --log_dir keeps torchrun's layout; --redirects and --tee route output",
+TEST_CASE("ctorchrun: --log_dir keeps torchrun's layout, --redirects and --tee route output",
           "[multiproc]") {
   TempDir d;
   auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--log_dir=" + d.path,
@@ -185,7 +185,7 @@ TEST_CASE("ctorchrun: a worker ignoring SIGTERM is killed after --shutdown_timeo
   CHECK(process_gone_within(std::stoi(read_file(d.file("stubborn"))), 2s));
 }
 
-TEST_CASE("ctorchrun: two nodes, the second started first; a failure on node 1 restarts node 0 too",
+TEST_CASE("ctorchrun: two nodes, the second started first: a failure on node 1 restarts node 0 too",
           "[multiproc]") {
   TempDir d;
   std::string port = std::to_string(free_port());

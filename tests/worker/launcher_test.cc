@@ -198,7 +198,8 @@ TEST_CASE(
   for (int fd : info["fds"]) CHECK(fd <= 2);
 }
 
-TEST_CASE("ProcessLauncher: argv[0] without '/' is found in the PATH of spec.env", "[multiproc]") {
+TEST_CASE("ProcessLauncher: a program name without '/' is found in the PATH of spec.env",
+          "[multiproc]") {
   TempDir dir;
   std::string helper_dir = FAKE_WORKER;
   helper_dir.erase(helper_dir.rfind('/'));
@@ -212,7 +213,7 @@ TEST_CASE("ProcessLauncher: argv[0] without '/' is found in the PATH of spec.env
   CHECK(info["argv"][0] == "fake_worker");  // as given, not the resolved path
 }
 
-TEST_CASE("ProcessLauncher: without PATH in spec.env, argv[0] is found in the agent's PATH",
+TEST_CASE("ProcessLauncher: without PATH in spec.env, a program name is found in the agent's PATH",
           "[multiproc]") {
   auto launcher = make_process_launcher();
   WorkerSpec spec;
