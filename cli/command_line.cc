@@ -179,6 +179,15 @@ Exit codes:
   128+N    stopped by signal N (forwarded to the workers first; SIGTERM gives 143)
 )";
 
+// CLI11 prints "Usage: ctorchrun [OPTIONS]"; the script and its arguments
+// belong there too.
+class UsageFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string name) const override {
+    return "Usage: " + name + " [OPTIONS] SCRIPT [SCRIPT ARGS...]\n";
+  }
+};
+
 }  // namespace
 
 int count_gpus(const std::map<std::string, std::string>& env) {
@@ -224,7 +233,9 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "ctorchrun"};
   app.prefix_command();  // the first positional argument starts the script's argv
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.get_formatter()->column_width(40);
+  auto formatter = std::make_shared<UsageFormatter>();
+  formatter->column_width(40);
+  app.formatter(formatter);
   app.footer(kFooter);
   app.set_version_flag("--version", std::string("ctorchrun ") + CTORCHRUN_VERSION);
 
@@ -234,7 +245,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   std::vector<std::tuple<CLI::Option*, bool*, std::string>> pet_flags;
   auto opt = [&](const std::string& names, std::string& target, const std::string& env_name,
                  const std::string& help) {
-    CLI::Option* o = app.add_option(names, target, help)->capture_default_str();
+    CLI::Option* o = app.add_option(names, target, help)->capture_default_str()->type_name("");
     o->description(help + " [env: " + env_name + "]");
     pet_options.emplace_back(o, &target, env_name);
     return o;
@@ -263,7 +274,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "HOST[:PORT] of the rendezvous store (static: defaults to master_addr:master_port)");
   opt("--rdzv-id,--rdzv_id", rdzv_id, "PET_RDZV_ID", "job id shared by all nodes");
   opt("--rdzv-conf,--rdzv_conf", rdzv_conf, "PET_RDZV_CONF",
-      "KEY=VALUE,...; timeout=SECONDS bounds the rendezvous (default 900)");
+      "KEY=VALUE,...: timeout=SECONDS bounds the rendezvous (default 900); node_timeout=SECONDS "
+      "declares a node lost when its agent has been silent that long (default 15)");
   flag("--standalone", standalone, "PET_STANDALONE",
        "single node on a free local port (no master_addr/port needed)");
   opt("--start-method,--start_method", start_method, "PET_START_METHOD",

@@ -627,7 +627,7 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     std::lock_guard<std::mutex> lock(mutex_);
     workers_.push_back(w);
   }
-  log_->info("worker started local_rank={} pid={} program={}", spec.local_rank, pid, program);
+  log_->debug("worker started local_rank={} pid={} program={}", spec.local_rank, pid, program);
   return w;
 }
 
