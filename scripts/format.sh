@@ -3,7 +3,7 @@
 # anything would change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(git ls-files '*.h' '*.cc' | grep -v '^build')
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.h' '*.cc')
 if [ "${1:-}" = "--check" ]; then
   clang-format --dry-run -Werror "${files[@]}"
   echo "format: ${#files[@]} files clean"

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <random>
 #include <regex>
@@ -34,7 +33,8 @@ struct NetnsPair {
     std::string va = tag + "va", vb = tag + "vb";
     ok = sh("ip netns add " + a) == 0 && sh("ip netns add " + b) == 0 &&
          sh("ip link add " + va + " type veth peer name " + vb) == 0 &&
-         sh("ip link set " + va + " netns " + a) == 0 && sh("ip link set " + vb + " netns " + b) == 0 &&
+         sh("ip link set " + va + " netns " + a) == 0 &&
+         sh("ip link set " + vb + " netns " + b) == 0 &&
          sh("ip -n " + a + " addr add " + addr_a + "/24 dev " + va) == 0 &&
          sh("ip -n " + b + " addr add " + addr_b + "/24 dev " + vb) == 0 &&
          sh("ip -n " + a + " link set " + va + " up") == 0 &&
@@ -69,19 +69,28 @@ std::unique_ptr<Process> agent_in(const NetnsPair& net, const std::string& ns,
 
 }  // namespace
 
-TEST_CASE("ctorchrun across network namespaces: two nodes rendezvous over a veth and restart together",
-          "[netns]") {
+TEST_CASE(
+    "ctorchrun across network namespaces: two nodes rendezvous over a veth and restart together",
+    "[netns]") {
   NetnsPair net;
   REQUIRE(net.ok);
   TempDir d;
   auto args = [&](int rank) {
     return std::vector<std::string>{
-        "--nnodes=2", "--node_rank=" + std::to_string(rank), "--nproc_per_node=2",
-        "--master_addr=" + net.addr_a, "--master_port=29500", "--max_restarts=1",
-        "--rdzv_conf=timeout=60", "--no_python", "/bin/sh", "-c",
-        "echo $MASTER_ADDR > " + d.path + "/master_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
-        "if [ $RANK = 3 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 6; fi; "
-        "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 30; fi"};
+        "--nnodes=2",
+        "--node_rank=" + std::to_string(rank),
+        "--nproc_per_node=2",
+        "--master_addr=" + net.addr_a,
+        "--master_port=29500",
+        "--max_restarts=1",
+        "--rdzv_conf=timeout=60",
+        "--no_python",
+        "/bin/sh",
+        "-c",
+        "echo $MASTER_ADDR > " + d.path +
+            "/master_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
+            "if [ $RANK = 3 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 6; fi; "
+            "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 30; fi"};
   };
   auto n1 = agent_in(net, net.b, args(1));  // the far node first
   auto n0 = agent_in(net, net.a, args(0));
@@ -128,7 +137,8 @@ TEST_CASE("ctorchrun across network namespaces: a torch DDP job over gloo matche
   REQUIRE(rc1 == 0);
   std::regex digest("\"digest\": *\"([0-9a-f]{64})\"");
   std::smatch m1, m2;
-  std::string a = read_file(d.file("local/result.json")), b = read_file(d.file("two_nodes/result.json"));
+  std::string a = read_file(d.file("local/result.json")),
+              b = read_file(d.file("two_nodes/result.json"));
   REQUIRE(std::regex_search(a, m1, digest));
   REQUIRE(std::regex_search(b, m2, digest));
   CHECK(m1[1] == m2[1]);
