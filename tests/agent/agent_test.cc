@@ -140,15 +140,19 @@ agent::LaunchConfig config(int max_restarts) {
   return c;
 }
 
+agent::RunResult run_agent(FakeLauncher& launcher, FakeRendezvous& rdzv, int max_restarts) {
+  auto c = config(max_restarts);
+  agent::EventLog events("", "none", 0);
+  agent::ElasticAgent a(c, rdzv, launcher, events);
+  return a.run();
+}
+
 }  // namespace
 
 TEST_CASE("agent: all workers succeed -> exit 0, one attempt", "[unit]") {
   FakeLauncher launcher([](int, int) { return 0; });
   FakeRendezvous rdzv;
-  auto c = config(3);
-  agent::EventLog events("", "none", 0);
-  agent::ElasticAgent a(c, rdzv, launcher, events);
-  auto r = a.run();
+  auto r = run_agent(launcher, rdzv, 3);
   CHECK(r.exit_code == 0);
   CHECK(launcher.starts.size() == 1);
   CHECK(rdzv.clears == 0);
@@ -162,10 +166,7 @@ TEST_CASE("agent: a failure restarts every worker with the next restart count", 
     return 0;
   });
   FakeRendezvous rdzv;
-  auto c = config(2);
-  agent::EventLog events("", "none", 0);
-  agent::ElasticAgent a(c, rdzv, launcher, events);
-  auto r = a.run();
+  auto r = run_agent(launcher, rdzv, 2);
   CHECK(r.exit_code == 0);
   REQUIRE(launcher.starts.size() == 3);
   for (int k = 0; k < 3; ++k) {
@@ -184,10 +185,7 @@ TEST_CASE("agent: restarts exhausted -> exit 1 naming the rank and the cause", "
     return std::nullopt;
   });
   FakeRendezvous rdzv;
-  auto c = config(1);
-  agent::EventLog events("", "none", 0);
-  agent::ElasticAgent a(c, rdzv, launcher, events);
-  auto r = a.run();
+  auto r = run_agent(launcher, rdzv, 1);
   CHECK(r.exit_code == 1);
   CHECK(launcher.starts.size() == 2);
   CHECK(r.message.find("rank 0") != std::string::npos);
