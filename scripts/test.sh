@@ -2,7 +2,8 @@
 # Sets up, builds and runs every test of ctorchrun (what CI runs):
 #  1. scripts/setup.sh (apt dependencies), a Release build with warnings as
 #     errors, and an ASan+UBSan build;
-#  2. the formatting check and the request-parser fuzzer (bounded time);
+#  2. the formatting check, a check that CTest registered every test case,
+#     and the request-parser fuzzer (bounded time);
 #  3. the unit, net and multi-process tests under ASan+UBSan;
 #  4. every test but the GPU ones, unsanitised (multi-process and torch too).
 # GPU tests (label gpu) need a GPU and are left out here by name: run them with
@@ -21,6 +22,7 @@ BUILD_DIR=build-asan scripts/build.sh -DCTORCHRUN_WERROR=ON -DCTORCHRUN_SANITIZE
   -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1"
 
 scripts/format.sh --check
+scripts/check_tests.sh build
 scripts/fuzz.sh "$fuzz_seconds"
 
 echo "== unit, net and multiproc tests under ASan+UBSan"
