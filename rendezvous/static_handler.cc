@@ -46,8 +46,8 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   const std::string prefix = std::string(kNamespace) + "/" + options_.run_id;
   const std::string addr = options_.master_addr;
   // Each store call of the agents is short; long waits pass their own timeout.
-  const auto op_timeout = std::chrono::milliseconds(30'000);
-  auto connect = [addr, port, op_timeout, prefix](std::chrono::milliseconds connect_timeout) {
+  auto connect = [addr, port, prefix](std::chrono::milliseconds connect_timeout,
+                                      std::chrono::milliseconds op_timeout) {
     store::TcpStoreOptions o;
     o.host = addr;
     o.port = static_cast<uint16_t>(port);
@@ -58,7 +58,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
 
   std::shared_ptr<store::Store> store;
   try {
-    store = connect(options_.timeout);
+    store = connect(options_.timeout, std::chrono::milliseconds(30'000));
   } catch (const TimeoutError& e) {
     throw TimeoutError(
         "rendezvous '" + options_.run_id + "' failed: cannot reach the store of node 0 at " +
@@ -129,7 +129,11 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     info.nodes.push_back(n);
   }
   info.store = store;
-  info.connect = [connect] { return connect(std::chrono::milliseconds(10'000)); };
+  // Background connections make only quick calls: a frozen store shows as a
+  // timeout within seconds.
+  info.connect = [connect] {
+    return connect(std::chrono::milliseconds(3'000), std::chrono::milliseconds(3'000));
+  };
   info.namespace_prefix = std::string("/") + kNamespace + "/";
   info.group_rank = options_.node_rank;
   info.group_world_size = options_.nnodes;

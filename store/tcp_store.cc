@@ -360,7 +360,8 @@ void TcpStore::wait_locked(const std::vector<std::string>& wire_keys,
     if (dialect_ == Dialect::kV2) {
       // Cancel on the wire; a STOP_WAITING may already be on its way.
       guarded(where(), "wait", first, conn_, [&] {
-        auto cancel_deadline = Clock::now() + std::chrono::seconds(10);
+        auto cancel_deadline =
+            Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10));
         std::string cancel;
         begin(&cancel, Op::kCancelWait);
         conn_->send_all(cancel.data(), cancel.size(), cancel_deadline);

@@ -345,3 +345,30 @@ TEST_CASE("ctorchrun: --local_ranks_filter keeps other ranks' teed lines off the
   for (const auto& e : std::filesystem::directory_iterator(d.path)) run_dir = e.path().string();
   CHECK(read_file(run_dir + "/attempt_0/0/stdout.log") == "line-from-0\n");
 }
+
+TEST_CASE("ctorchrun: a frozen node 0 (SIGSTOP) ends node 1 with exit 3 within seconds, not hours",
+          "[multiproc]") {
+  TempDir d;
+  std::string port = std::to_string(free_port());
+  auto node = [&](int rank) {
+    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank),
+                                   "--nproc_per_node=1", "--master_port=" + port},
+                                  sh("echo $$ > " + d.path + "/pid_$RANK; exec sleep 60")));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  REQUIRE(wait_for_file(d.file("pid_0"), 20s));
+  REQUIRE(wait_for_file(d.file("pid_1"), 20s));
+  auto t0 = std::chrono::steady_clock::now();
+  n0->signal(SIGSTOP);
+  int rc1 = n1->exit_code(60s);
+  auto took = std::chrono::steady_clock::now() - t0;
+  n0->signal(SIGKILL);
+  std::string out1 = n1->read_all(1s);
+  INFO(out1);
+  CHECK(rc1 == 3);
+  CHECK(out1.find("lost the job's store") != std::string::npos);
+  CHECK(took < 30s);
+  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_1"))), 2s));
+  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_0"))), 5s));
+}
