@@ -27,7 +27,7 @@ LaunchResult run_ctorchrun(const std::vector<std::string>& args,
 std::unique_ptr<Process> start_ctorchrun(const std::vector<std::string>& args,
                                          std::map<std::string, std::string> env = {});
 
-// A port that was free a moment ago on 127.0.0.1.
+// A port that was free a moment ago, outside the kernel's ephemeral range.
 int free_port();
 
 // A fresh directory under /tmp, removed by the destructor.
