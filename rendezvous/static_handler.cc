@@ -110,6 +110,18 @@ RendezvousInfo StaticHandler::next_rendezvous() {
 
   RendezvousInfo info;
   auto values = store->multi_get(keys);
+  // Node 0 keeps the store up until every node has read the others' records,
+  // so that a node that finds a mismatch below cannot take the store away from
+  // one that has yet to find it (the others would see a closed connection).
+  if (store->add("nodes_read", 1) == options_.nnodes) store->set("nodes_all_read", "1");
+  if (options_.node_rank == 0) {
+    try {
+      store->wait({"nodes_all_read"},
+                  std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::seconds(10)));
+    } catch (const TimeoutError&) {
+      // A node died between joining and reading: the job will notice.
+    }
+  }
   for (int r = 0; r < options_.nnodes; ++r) {
     auto j = nlohmann::json::parse(values[static_cast<size_t>(r)], nullptr, false);
     if (!j.is_object())
