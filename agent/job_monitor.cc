@@ -1,5 +1,7 @@
 #include "agent/job_monitor.h"
 
+#include <thread>
+
 #include "common/error.h"
 #include "common/log.h"
 

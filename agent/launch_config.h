@@ -27,7 +27,6 @@ struct LaunchConfig {
   std::map<std::string, std::string> rdzv_conf;
   std::chrono::milliseconds rdzv_timeout{900'000};  // rdzv_conf timeout, torchrun's 900 s
   std::string local_addr;  // this node's address for others; empty: its hostname
-  bool standalone = false;
 
   // Restarts and stopping.
   int max_restarts = 0;

@@ -421,7 +421,6 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       c.master_addr = "127.0.0.1";
       c.master_port = 0;
       c.run_id = "standalone_" + random_suffix();
-      c.standalone = true;
     } else {
       if (c.rdzv_backend == "c10d" || c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
         throw UsageError("--rdzv_backend=" + c.rdzv_backend +

@@ -25,6 +25,35 @@ std::vector<std::string> concat(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
+// Two nodes, one sleeping worker each; node 0 (which hosts the store) gets
+// `sig`. Node 1 must notice within `bound`, stop its worker and exit 3; node 0's
+// worker must go too once node 0 is killed.
+void check_node1_ends_when_node0_gets(int sig, std::chrono::seconds bound) {
+  TempDir d;
+  std::string port = std::to_string(free_port());
+  auto node = [&](int rank) {
+    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank),
+                                   "--nproc_per_node=1", "--master_port=" + port},
+                                  sh("echo $$ > " + d.path + "/pid_$RANK; exec sleep 60")));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  REQUIRE(wait_for_file(d.file("pid_0"), 20s));
+  REQUIRE(wait_for_file(d.file("pid_1"), 20s));
+  auto t0 = std::chrono::steady_clock::now();
+  n0->signal(sig);
+  int rc1 = n1->exit_code(60s);
+  auto took = std::chrono::steady_clock::now() - t0;
+  n0->signal(SIGKILL);
+  std::string out1 = n1->read_all(1s);
+  INFO(out1);
+  CHECK(rc1 == 3);
+  CHECK(out1.find("lost the job's store") != std::string::npos);
+  CHECK(took < bound);
+  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_1"))), 2s));
+  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_0"))), 5s));
+}
+
 }  // namespace
 
 TEST_CASE("ctorchrun: workers get torchrun's environment and the job exits 0", "[multiproc]") {
@@ -308,27 +337,7 @@ TEST_CASE("ctorchrun: nodes that disagree on --max_restarts fail the rendezvous 
 
 TEST_CASE("ctorchrun: when node 0 (the store) dies, node 1 stops its workers and exits 3",
           "[multiproc]") {
-  TempDir d;
-  std::string port = std::to_string(free_port());
-  auto node = [&](int rank) {
-    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank),
-                                   "--nproc_per_node=1", "--master_port=" + port},
-                                  sh("echo $$ > " + d.path + "/pid_$RANK; exec sleep 60")));
-  };
-  auto n0 = node(0);
-  auto n1 = node(1);
-  REQUIRE(wait_for_file(d.file("pid_0"), 20s));
-  REQUIRE(wait_for_file(d.file("pid_1"), 20s));
-  auto t0 = std::chrono::steady_clock::now();
-  n0->signal(SIGKILL);
-  int rc1 = n1->exit_code(30s);
-  std::string out1 = n1->read_all(1s);
-  INFO(out1);
-  CHECK(rc1 == 3);
-  CHECK(out1.find("lost the job's store") != std::string::npos);
-  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
-  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_1"))), 2s));
-  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_0"))), 5s));
+  check_node1_ends_when_node0_gets(SIGKILL, 20s);
 }
 
 TEST_CASE("ctorchrun: --local_ranks_filter keeps other ranks' teed lines off the console only",
@@ -348,27 +357,5 @@ TEST_CASE("ctorchrun: --local_ranks_filter keeps other ranks' teed lines off the
 
 TEST_CASE("ctorchrun: a frozen node 0 (SIGSTOP) ends node 1 with exit 3 within seconds, not hours",
           "[multiproc]") {
-  TempDir d;
-  std::string port = std::to_string(free_port());
-  auto node = [&](int rank) {
-    return start_ctorchrun(concat({"--nnodes=2", "--node_rank=" + std::to_string(rank),
-                                   "--nproc_per_node=1", "--master_port=" + port},
-                                  sh("echo $$ > " + d.path + "/pid_$RANK; exec sleep 60")));
-  };
-  auto n0 = node(0);
-  auto n1 = node(1);
-  REQUIRE(wait_for_file(d.file("pid_0"), 20s));
-  REQUIRE(wait_for_file(d.file("pid_1"), 20s));
-  auto t0 = std::chrono::steady_clock::now();
-  n0->signal(SIGSTOP);
-  int rc1 = n1->exit_code(60s);
-  auto took = std::chrono::steady_clock::now() - t0;
-  n0->signal(SIGKILL);
-  std::string out1 = n1->read_all(1s);
-  INFO(out1);
-  CHECK(rc1 == 3);
-  CHECK(out1.find("lost the job's store") != std::string::npos);
-  CHECK(took < 30s);
-  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_1"))), 2s));
-  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_0"))), 5s));
+  check_node1_ends_when_node0_gets(SIGSTOP, 30s);
 }
