@@ -391,16 +391,4 @@ void put_bytes(std::string* out, std::string_view bytes) {
   out->append(bytes.data(), bytes.size());
 }
 
-uint32_t read_u32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
-uint64_t read_u64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
 }  // namespace ctorchrun::store::protocol

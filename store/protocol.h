@@ -58,6 +58,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -207,8 +208,22 @@ void put_u64(std::string* out, uint64_t v);
 inline void put_i64(std::string* out, int64_t v) { put_u64(out, static_cast<uint64_t>(v)); }
 void put_bytes(std::string* out, std::string_view bytes);
 
-uint32_t read_u32(const char* p);
-uint64_t read_u64(const char* p);
+inline uint32_t read_u32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap32(v);
+#endif
+  return v;
+}
+inline uint64_t read_u64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  return v;
+}
 inline int64_t read_i64(const char* p) { return static_cast<int64_t>(read_u64(p)); }
 
 }  // namespace ctorchrun::store::protocol

@@ -66,7 +66,10 @@ class Connection;
 class TcpStoreServer::Impl {
  public:
   explicit Impl(const ServerOptions& options)
-      : options_(options), log_(get_logger("store")), acceptor_(io_), retry_timer_(io_) {}
+      : options_(options), log_(get_logger("store")), acceptor_(io_), retry_timer_(io_) {
+    // Settled once here rather than per request by the parser.
+    options_.limits.max_request_bytes = protocol::request_limit(options_.limits);
+  }
 
   void bind_and_listen();
   void run_thread();
@@ -105,7 +108,10 @@ class TcpStoreServer::Impl {
 
   ServerOptions options_;
   std::shared_ptr<spdlog::logger> log_;
-  asio::io_context io_{1};  // one thread runs it: lets Asio skip some locking
+  // One thread runs it and every socket operation happens on that thread, so
+  // the reactor's per-descriptor locks are not needed (UNSAFE_IO). Scheduler
+  // locking stays: other threads post() into it (run_sync, stop).
+  asio::io_context io_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   tcp::acceptor acceptor_;
   asio::steady_timer retry_timer_;
   std::thread thread_;
@@ -178,6 +184,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     out_.append(bytes.data(), bytes.size());
     if (!in_batch_) flush();
   }
+  // The output buffer, for a request's reply while process() runs a batch
+  // (it flushes at the end).
+  std::string& output() { return out_; }
   void send_u8(uint8_t v) {
     char c = static_cast<char>(v);
     send(std::string_view(&c, 1));
@@ -523,6 +532,7 @@ void TcpStoreServer::Impl::release_bound_keys(Connection& c) {
 }
 
 void TcpStoreServer::Impl::wake(const std::string& key) {
+  if (waiters_.empty()) return;  // the common case: no hash of the key
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
   stats_.waiter_entries_examined += it->second.size();
@@ -609,7 +619,9 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
     }
   }
 
-  std::string reply;
+  // Replies are written straight into the connection's output, in order
+  // with any WATCH_KEY events a request causes; the batch flushes them.
+  std::string& reply = c.output();
   switch (req.op) {
     case Op::kValidate:
       if (req.u32 != protocol::kValidationMagic) {
@@ -678,7 +690,6 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       int64_t sum =
           static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.delta));
       protocol::put_i64(&reply, sum);
-      c.send(reply);
       store_value(key, std::to_string(sum));
       return true;
     }
@@ -802,7 +813,6 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       for (const auto& kv : kv_) protocol::put_bytes(&reply, kv.first);
       break;
   }
-  if (!reply.empty()) c.send(reply);
   return true;
 }
 
