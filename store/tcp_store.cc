@@ -27,6 +27,11 @@ namespace {
 // A reply length beyond this is a broken or hostile server, not a value.
 constexpr uint64_t kMaxReplyBytes = uint64_t{1} << 32;
 constexpr uint32_t kProbeNonce = 0xFFFFFFFF;
+// set() has no reply, so a set() the server refused over a size limit shows
+// only as a closed connection on the next call: say so.
+constexpr const char* kClosedHint =
+    " (the server closed the connection; if an earlier set, append or multi_set passed its "
+    "size limits, the server's log names the key and the limit)";
 
 int remaining_ms(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -100,7 +105,9 @@ class TcpStore::Conn {
         wait_for(POLLOUT, deadline);
         continue;
       }
-      throw IoError(std::string("send failed: ") + std::strerror(errno));
+      int err = errno;
+      throw IoError(std::string("send failed: ") + std::strerror(err) +
+                    (err == EPIPE || err == ECONNRESET ? kClosedHint : ""));
     }
   }
 
@@ -112,13 +119,15 @@ class TcpStore::Conn {
         size -= static_cast<size_t>(n);
         continue;
       }
-      if (n == 0) throw IoError("connection closed by the server");
+      if (n == 0) throw IoError(std::string("connection closed by the server") + kClosedHint);
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         wait_for(POLLIN, deadline);
         continue;
       }
-      throw IoError(std::string("receive failed: ") + std::strerror(errno));
+      int err = errno;
+      throw IoError(std::string("receive failed: ") + std::strerror(err) +
+                    (err == ECONNRESET ? kClosedHint : ""));
     }
   }
 

@@ -472,3 +472,20 @@ TEST_CASE(
   c->set("after", "ok");
   CHECK(c->get("after") == "ok");
 }
+
+TEST_CASE("issue 9: after a set() refused over a limit, the next call's error says why", "[net]") {
+  ServerOptions o;
+  o.limits.max_value_bytes = 1024;
+  auto server = local_server(o);
+  auto c = client(server->port());
+  c->set("big", std::string(2048, 'v'));  // no reply: the refusal shows later
+  try {
+    c->get("other");
+    FAIL("the connection survived a refused set");
+  } catch (const IoError& e) {
+    CHECK(std::string(e.what()).find("size limits") != std::string::npos);
+  }
+  c->set("small", "ok");  // reconnects
+  CHECK(c->get("small") == "ok");
+  CHECK(server->stats().limit_refusals == 1);
+}
