@@ -218,6 +218,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string& peer() const { return peer_; }
   Dialect dialect() const { return dialect_; }
   bool waiting() const { return awaited_ > 0; }
+  bool closed() const { return closed_; }
 
   // The missing keys of the pending WAIT, each once however often the WAIT
   // named it.
@@ -581,7 +582,7 @@ void TcpStoreServer::Impl::notify_watchers(const std::string& key, protocol::Wat
 
 void TcpStoreServer::Impl::store_value(const std::string& key, std::string value) {
   auto it = kv_.find(key);
-  if (it == kv_.end() && current_ && current_->binds_keys_) {
+  if (it == kv_.end() && current_ && current_->binds_keys_ && !current_->closed()) {
     key_owner_[key] = current_;
     current_->bound_keys_.insert(key);
     erase_key(key + protocol::kGoneSuffix);
