@@ -691,7 +691,12 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       int64_t sum =
           static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.delta));
       protocol::put_i64(&reply, sum);
-      store_value(key, std::to_string(sum));
+      if (it != kv_.end() && watchers_.empty()) {
+        it->second = std::to_string(sum);  // no second lookup: ADD's common case
+        wake(key);
+      } else {
+        store_value(key, std::to_string(sum));
+      }
       return true;
     }
 
