@@ -17,6 +17,12 @@ namespace ctorchrun::store {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
+// Sockets bound to the io_context's own executor type rather than the
+// type-erased any_io_executor: every asynchronous operation would otherwise pay
+// for the erasure on the per-request path.
+using Executor = asio::io_context::executor_type;
+using Socket = tcp::socket::rebind_executor<Executor>::other;
+using Acceptor = tcp::acceptor::rebind_executor<Executor>::other;
 using protocol::Dialect;
 using protocol::Op;
 
@@ -112,7 +118,7 @@ class TcpStoreServer::Impl {
   // the reactor's per-descriptor locks are not needed (UNSAFE_IO). Scheduler
   // locking stays: other threads post() into it (run_sync, stop).
   asio::io_context io_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
-  tcp::acceptor acceptor_;
+  Acceptor acceptor_;
   asio::steady_timer retry_timer_;
   std::thread thread_;
   std::atomic<bool> stopped_{false};
@@ -168,7 +174,7 @@ class TcpStoreServer::Impl {
 // its WAIT registration.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(TcpStoreServer::Impl& server, tcp::socket socket, uint64_t id)
+  Connection(TcpStoreServer::Impl& server, Socket socket, uint64_t id)
       : server_(server), socket_(std::move(socket)), id_(id), in_(kInitialBuffer) {
     boost::system::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
@@ -333,7 +339,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   TcpStoreServer::Impl& server_;
-  tcp::socket socket_;
+  Socket socket_;
   uint64_t id_;
   std::string peer_;
   std::vector<char> in_;
@@ -379,7 +385,7 @@ void TcpStoreServer::Impl::bind_and_listen() {
 }
 
 void TcpStoreServer::Impl::do_accept() {
-  acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, Socket socket) {
     if (ec == asio::error::operation_aborted || stopped_) return;
     if (ec) {
       // Out of file descriptors and the like: back off briefly, keep serving.
