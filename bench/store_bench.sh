@@ -4,6 +4,10 @@
 # measurement so that machine noise hits both alike.
 #   bench/store_bench.sh [--quick]   (build first: scripts/build.sh)
 # Prints one JSON line per measurement and a markdown table of medians.
+#   bench/store_bench.sh --floor [PAIRS] [SECONDS]   (defaults 7 and 5)
+# Compares ctorch-store with bench/floor_store.c, the least any server must
+# pay here: PAIRS interleaved floor/ours runs of 32 v113 clients, --op mixed,
+# then the median of each and their ratio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${CTORCHRUN_PYTHON:-/usr/bin/python3}
@@ -14,6 +18,8 @@ clients_list="1 8 32 128"
 ops="set get add mixed"
 storms="1024 2048"
 if [ "${1:-}" = "--quick" ]; then seconds=1; reps=1; clients_list="32"; ops="mixed"; storms="1024"; fi
+floor_mode=0
+if [ "${1:-}" = "--floor" ]; then floor_mode=1; reps=${2:-7}; seconds=${3:-5}; fi
 
 out=$(mktemp -d)
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$out"; }
@@ -33,6 +39,25 @@ start() {  # start NAME CMD... ; sets port_NAME
   cat "$out/$name.log"; echo "could not start $name"; exit 1
 }
 start ctorch build/bin/ctorch-store --host 127.0.0.1 --port 0
+if [ "$floor_mode" = 1 ]; then
+  start floor build/bin/floor_store 0
+  results=$out/floor.jsonl
+  for r in $(seq 1 "$reps"); do
+    for server in floor ctorch; do
+      eval "port=\$port_$server"
+      line=$("$bench" --port "$port" --dialect v113 --clients 32 --seconds "$seconds" --op mixed | tail -n 1)
+      echo "{\"server\":\"$server\",\"rep\":$r,${line#\{}" | tee -a "$results"
+    done
+  done
+  "$python" - "$results" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+med = {s: statistics.median(r["ops_per_s"] for r in rows if r["server"] == s) for s in ("floor", "ctorch")}
+print(f"floor median {med['floor']:,.0f} ops/s, ctorch-store median {med['ctorch']:,.0f} ops/s, "
+      f"ratio {med['ctorch'] / med['floor']:.3f} over {len(rows) // 2} pairs")
+PY
+  exit 0
+fi
 start torch "$python" tests/torch/torch_store_server.py --port 0 --duration 3600
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }  # user+system, 1/100 s

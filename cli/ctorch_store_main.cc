@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
                  "most keys in one CHECK, WAIT, MULTI_GET or MULTI_SET")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-request-bytes", options.limits.max_request_bytes,
+                 "largest whole request (and MULTI_GET reply) accepted; 0 means the larger of "
+                 "twice --max-value-bytes and 65 MiB; must be at least key + value limits")
+      ->capture_default_str();
   app.add_option("--max-connections", options.max_connections,
                  "most open client connections; further ones are closed at once")
       ->capture_default_str()
@@ -94,6 +98,9 @@ int main(int argc, char** argv) {
   } catch (const IoError& e) {
     get_logger("store")->error("{}", e.what());
     return kExitStoreNetwork;
+  } catch (const ConfigError& e) {
+    get_logger("store")->error("{}", e.what());
+    return kExitUsage;
   }
   std::printf("listening on %s:%u\n", server->host().c_str(),
               static_cast<unsigned>(server->port()));

@@ -1,5 +1,7 @@
 #include "store/protocol.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -57,6 +59,8 @@ const char* to_string(Op op) {
       return "QUEUE_LEN";
     case Op::kList:
       return "LIST";
+    case Op::kBindKeys:
+      return "BIND_KEYS";
   }
   return "?";
 }
@@ -85,7 +89,7 @@ std::optional<uint8_t> index_of(const Op (&table)[N], Op op) {
 class Reader {
  public:
   Reader(const char* data, size_t size, const Limits& limits)
-      : data_(data), size_(size), limits_(limits) {}
+      : data_(data), size_(size), limits_(limits), request_limit_(request_limit(limits)) {}
 
   bool u8(uint8_t* v) {
     if (!have(1)) return false;
@@ -107,12 +111,22 @@ class Reader {
   }
   // A length-prefixed string of at most `limit` bytes. Over the limit sets
   // error_ and returns false.
-  bool blob(std::string_view* v, size_t limit, const char* what) {
+  bool blob(std::string_view* v, size_t limit, const char* what, bool is_key) {
     uint64_t n = 0;
     size_t start = pos_;
     if (!u64(&n)) return false;
     if (n > limit) {
       error_ = what;
+      limit_ = limit;
+      length_ = n;
+      if (is_key) last_key_ = std::string_view(data_ + pos_, std::min<size_t>(size_ - pos_, 128));
+      return false;
+    }
+    if (pos_ > request_limit_ || n > request_limit_ - pos_) {
+      error_ = "request larger than the request size limit";
+      limit_ = request_limit_;
+      length_ = pos_ + n;
+      if (is_key) last_key_ = std::string_view(data_ + pos_, std::min<size_t>(size_ - pos_, 128));
       return false;
     }
     if (!have(static_cast<size_t>(n))) {
@@ -120,27 +134,34 @@ class Reader {
       return false;
     }
     *v = std::string_view(data_ + pos_, static_cast<size_t>(n));
+    if (is_key) last_key_ = *v;
     pos_ += static_cast<size_t>(n);
     return true;
   }
   bool key(std::string_view* v) {
-    return blob(v, limits_.max_key_bytes, "key longer than the limit");
+    return blob(v, limits_.max_key_bytes, "key longer than the key size limit", true);
   }
   bool value(std::string_view* v) {
-    return blob(v, limits_.max_value_bytes, "value longer than the limit");
+    return blob(v, limits_.max_value_bytes, "value longer than the value size limit", false);
   }
   bool count(uint64_t* n) {
     if (!u64(n)) return false;
     if (*n > limits_.max_keys_per_op) {
-      error_ = "more keys in one request than the limit";
+      error_ = "more keys in one request than the keys-per-request limit";
+      limit_ = limits_.max_keys_per_op;
+      length_ = *n;
       return false;
     }
     return true;
   }
+  void seek(size_t pos) { pos_ = pos; }
 
   size_t pos() const { return pos_; }
   size_t need() const { return need_; }
   const char* error() const { return error_; }
+  size_t limit() const { return limit_; }
+  uint64_t length() const { return length_; }
+  std::string_view last_key() const { return last_key_; }
 
  private:
   bool have(size_t n) {
@@ -152,9 +173,13 @@ class Reader {
   const char* data_;
   size_t size_;
   const Limits& limits_;
+  size_t request_limit_;
   size_t pos_ = 0;
   size_t need_ = 0;
   const char* error_ = nullptr;
+  size_t limit_ = 0;
+  uint64_t length_ = 0;
+  std::string_view last_key_;
 };
 
 // Decides the dialect of a connection from its first bytes; false if more
@@ -180,6 +205,13 @@ bool detect_dialect(const char* data, size_t size, Dialect* dialect, size_t* nee
 
 }  // namespace
 
+size_t request_limit(const Limits& limits) {
+  if (limits.max_request_bytes > 0) return limits.max_request_bytes;
+  constexpr size_t kFloor = (64u << 20) + (1u << 20);
+  size_t twice = limits.max_value_bytes > SIZE_MAX / 2 ? SIZE_MAX : 2 * limits.max_value_bytes;
+  return std::max(twice, kFloor);
+}
+
 std::optional<Op> decode_opcode(Dialect dialect, uint8_t code) {
   if (dialect == Dialect::kV113) {
     if (code < std::size(kV113Ops)) return kV113Ops[code];
@@ -187,6 +219,7 @@ std::optional<Op> decode_opcode(Dialect dialect, uint8_t code) {
   }
   if (dialect == Dialect::kV2) {
     if (code < std::size(kV2Ops)) return kV2Ops[code];
+    if (code == kBindKeysOpcode) return Op::kBindKeys;
     return std::nullopt;
   }
   return std::nullopt;
@@ -194,6 +227,7 @@ std::optional<Op> decode_opcode(Dialect dialect, uint8_t code) {
 
 std::optional<uint8_t> encode_opcode(Dialect dialect, Op op) {
   if (dialect == Dialect::kV113) return index_of(kV113Ops, op);
+  if (dialect == Dialect::kV2 && op == Op::kBindKeys) return kBindKeysOpcode;
   if (dialect == Dialect::kV2) return index_of(kV2Ops, op);
   return std::nullopt;
 }
@@ -212,20 +246,24 @@ ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const
   Reader r(data, size, limits);
   out->keys.clear();
   out->values.clear();
+  const bool resuming = out->resume_pos > 0;
 
   uint8_t code = 0;
-  bool ok = r.u8(&code);
+  bool ok = resuming || r.u8(&code);
   if (ok) {
-    std::optional<Op> op = decode_opcode(*dialect, code);
-    if (!op) {
-      result.status = ParseStatus::kError;
-      result.error = "unknown opcode";
-      return result;
+    if (!resuming) {
+      std::optional<Op> op = decode_opcode(*dialect, code);
+      if (!op) {
+        result.status = ParseStatus::kError;
+        result.error = "unknown opcode";
+        return result;
+      }
+      out->op = *op;
     }
-    out->op = *op;
-    switch (*op) {
+    switch (out->op) {
       case Op::kValidate:
       case Op::kPing:
+      case Op::kBindKeys:
         ok = r.u32(&out->u32);
         break;
       case Op::kSet:
@@ -251,26 +289,38 @@ ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const
       }
       case Op::kCheck:
       case Op::kWait:
-      case Op::kMultiGet: {
-        uint64_t n = 0;
-        ok = r.count(&n);
-        for (uint64_t i = 0; ok && i < n; ++i) {
-          std::string_view k;
-          ok = r.key(&k);
-          if (ok) out->keys.push_back(k);
-        }
-        break;
-      }
+      case Op::kMultiGet:
       case Op::kMultiSet: {
-        uint64_t n = 0;  // sent as i64; a negative count reads as a huge one
-        ok = r.count(&n);
-        for (uint64_t i = 0; ok && i < n; ++i) {
+        // MULTI_SET's count is sent as i64; a negative one reads as huge.
+        const bool with_values = out->op == Op::kMultiSet;
+        uint64_t n = 0;
+        if (resuming) {
+          r.seek(out->resume_pos);
+          n = out->resume_count;
+        } else {
+          out->key_spans.clear();
+          out->value_spans.clear();
+          ok = r.count(&n);
+        }
+        while (ok && out->key_spans.size() < n) {
+          size_t entry = r.pos();
           std::string_view k, v;
-          ok = r.key(&k) && r.value(&v);
+          ok = r.key(&k) && (!with_values || r.value(&v));
           if (ok) {
-            out->keys.push_back(k);
-            out->values.push_back(v);
+            out->key_spans.emplace_back(static_cast<size_t>(k.data() - data), k.size());
+            if (with_values) {
+              out->value_spans.emplace_back(static_cast<size_t>(v.data() - data), v.size());
+            }
+          } else if (!r.error()) {
+            out->resume_pos = entry;
+            out->resume_count = n;
           }
+        }
+        if (ok) {
+          out->resume_pos = 0;
+          out->keys.reserve(out->key_spans.size());
+          for (auto [off, len] : out->key_spans) out->keys.emplace_back(data + off, len);
+          for (auto [off, len] : out->value_spans) out->values.emplace_back(data + off, len);
         }
         break;
       }
@@ -282,8 +332,12 @@ ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const
   }
 
   if (r.error()) {
+    reset_progress(out);
     result.status = ParseStatus::kError;
     result.error = r.error();
+    result.limit = r.limit();
+    result.length = r.length();
+    result.key = r.last_key();
   } else if (ok) {
     result.status = ParseStatus::kComplete;
     result.size = r.pos();
@@ -335,18 +389,6 @@ void put_u64(std::string* out, uint64_t v) {
 void put_bytes(std::string* out, std::string_view bytes) {
   put_u64(out, bytes.size());
   out->append(bytes.data(), bytes.size());
-}
-
-uint32_t read_u32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
-uint64_t read_u64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
 }
 
 }  // namespace ctorchrun::store::protocol

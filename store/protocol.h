@@ -27,17 +27,38 @@
 //   QUEUE_POP      -    0x0F  key                                  i64 len, [bytes]
 //   QUEUE_LEN      -    0x10  key                                  i64
 //   LIST           -    0x11  -                                    i64 n, n x str
+//   BIND_KEYS      -    0x40  u32 magic 0x6B0B1D5E                 u32 magic (extension)
 //
 // v113 is torch 1.13/2.0 (no handshake); v2 is torch 2.1+ (VALIDATE first).
 // A server tells them apart from a connection's first bytes: a first byte
 // other than 0 is v113; 0 followed by the magic is v2; 0 followed by anything
 // else is a v113 SET.
 //
+// BIND_KEYS is ctorchrun's own extension, spoken only by our client to our
+// server (ctorch-store and the store ctorchrun hosts), never by torch's
+// clients. It binds the keys a connection creates to that connection:
+//  - from BIND_KEYS on, every key this connection creates (SET, ADD,
+//    COMPARE_SET, APPEND or MULTI_SET on a missing key) is bound to it;
+//  - when the connection closes, for any reason (the client exits, is killed,
+//    its host vanishes and TCP gives up), the server deletes each bound key
+//    that still exists, which WATCH_KEY watchers see as a deletion, and sets
+//    the key's gone marker, key + kGoneSuffix, to "1", which wakes WAITs on it
+//    like any other SET; a CHECK or WAIT on the marker thus tells a peer that
+//    the holder is gone without polling;
+//  - creating a bound key deletes its gone marker, so the marker always speaks
+//    of the key's current holder; DELETE_KEY of a bound key unbinds it.
+// A torch server does not know the opcode and closes the connection (2.x's
+// libuv server does so for any unknown command), so a client that sends
+// BIND_KEYS and loses the connection knows the server lacks the extension.
+// The request carries a magic number and the reply echoes it, so a reply can
+// never be confused with another command's.
+//
 // This header and protocol.cc depend on the standard library only, so the
 // request parser can be fuzzed on its own.
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,6 +67,9 @@
 namespace ctorchrun::store::protocol {
 
 inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+inline constexpr uint8_t kBindKeysOpcode = 0x40;  // v2 dialect only; see above
+inline constexpr uint32_t kBindKeysMagic = 0x6B0B1D5E;
+inline constexpr const char* kGoneSuffix = "#gone";
 
 enum class Dialect : uint8_t {
   kUnknown,  // nothing decided yet (server side, before the first request)
@@ -76,6 +100,7 @@ enum class Op : uint8_t {
   kQueuePop,
   kQueueLen,
   kList,
+  kBindKeys,  // ctorchrun's extension
 };
 
 const char* to_string(Op op);
@@ -97,15 +122,29 @@ enum class WatchResponse : uint8_t {
 // Size limits a server checks as soon as a length prefix arrives, before it
 // buffers the bytes that follow. torch's libuv server allows keys of 8 KiB,
 // values of 8 MiB and 131072 keys per multi-key request; ours default higher.
+// max_request_bytes caps a whole request (and a MULTI_GET's whole reply): without
+// it one MULTI_SET could legally carry 131072 values of the value limit each.
 struct Limits {
   size_t max_key_bytes = 64 * 1024;
   size_t max_value_bytes = 64 * 1024 * 1024;
   size_t max_keys_per_op = 131072;
+  size_t max_request_bytes = 0;  // 0: request_limit()'s default
 };
+
+// The request cap in force: max_request_bytes, or when it is 0 the larger of
+// twice the value limit and 64 MiB + 1 MiB.
+size_t request_limit(const Limits& limits);
 
 // One parsed request. Views point into the caller's buffer and stay valid
 // until that buffer changes. A Request is meant to be reused: parse_request
 // clears it and keeps the vectors' capacity.
+//
+// A multi-key request (CHECK, WAIT, MULTI_GET, MULTI_SET) that is not complete
+// yet keeps its progress here, as offsets from the request's first byte, so
+// that the next call resumes after the last complete key instead of starting
+// over: each arriving packet costs work in proportion to its own bytes, not
+// to the keys before it (131072 keys sent one per packet would otherwise cost
+// 131072²/2 key parses).
 struct Request {
   Op op = Op::kGetNumKeys;
   std::string_view key;                  // single-key ops
@@ -115,6 +154,12 @@ struct Request {
   uint32_t u32 = 0;                      // VALIDATE magic, PING nonce
   std::vector<std::string_view> keys;    // CHECK, WAIT, MULTI_GET, MULTI_SET
   std::vector<std::string_view> values;  // MULTI_SET
+
+  // Resumption state; parse_request owns it.
+  size_t resume_pos = 0;  // bytes of a partial multi-key request parsed; 0: none
+  uint64_t resume_count = 0;
+  std::vector<std::pair<size_t, size_t>> key_spans;    // offset, length
+  std::vector<std::pair<size_t, size_t>> value_spans;  // MULTI_SET
 };
 
 enum class ParseStatus : uint8_t { kComplete, kNeedMore, kError };
@@ -125,6 +170,12 @@ struct ParseResult {
   // hold before parsing again can make progress (a lower bound).
   size_t size = 0;
   const char* error = nullptr;  // kError: a static description
+  // kError over a limit: the limit, the length announced (for a whole
+  // request, the size it would reach), and the key concerned, possibly cut
+  // (a view into the buffer; empty when none was read).
+  size_t limit = 0;
+  uint64_t length = 0;
+  std::string_view key;
 };
 
 // Parses one request from data[0, size). When *dialect is kUnknown, decides it
@@ -132,8 +183,18 @@ struct ParseResult {
 // the request itself is not complete yet. Never allocates more than the
 // request's field count, never reads past `size`; a length or count over
 // `limits` is an error as soon as its prefix is in the buffer.
+//
+// After kNeedMore, the next call on the same `out` must pass the same request
+// again from its first byte (the buffer may have moved), with more bytes; any
+// other use must first call reset_progress(out).
 ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const Limits& limits,
                           Request* out);
+
+inline void reset_progress(Request* r) {
+  r->resume_pos = 0;
+  r->key_spans.clear();
+  r->value_spans.clear();
+}
 
 // C's std::stoll on a stored value, as torch's ADD applies it: leading
 // whitespace, optional sign, decimal digits up to the first non-digit.
@@ -147,8 +208,22 @@ void put_u64(std::string* out, uint64_t v);
 inline void put_i64(std::string* out, int64_t v) { put_u64(out, static_cast<uint64_t>(v)); }
 void put_bytes(std::string* out, std::string_view bytes);
 
-uint32_t read_u32(const char* p);
-uint64_t read_u64(const char* p);
+inline uint32_t read_u32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap32(v);
+#endif
+  return v;
+}
+inline uint64_t read_u64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  return v;
+}
 inline int64_t read_i64(const char* p) { return static_cast<int64_t>(read_u64(p)); }
 
 }  // namespace ctorchrun::store::protocol

@@ -27,6 +27,11 @@ namespace {
 // A reply length beyond this is a broken or hostile server, not a value.
 constexpr uint64_t kMaxReplyBytes = uint64_t{1} << 32;
 constexpr uint32_t kProbeNonce = 0xFFFFFFFF;
+// set() has no reply, so a set() the server refused over a size limit shows
+// only as a closed connection on the next call: say so.
+constexpr const char* kClosedHint =
+    " (the server closed the connection; if an earlier set, append or multi_set passed its "
+    "size limits, the server's log names the key and the limit)";
 
 int remaining_ms(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -100,7 +105,9 @@ class TcpStore::Conn {
         wait_for(POLLOUT, deadline);
         continue;
       }
-      throw IoError(std::string("send failed: ") + std::strerror(errno));
+      int err = errno;
+      throw IoError(std::string("send failed: ") + std::strerror(err) +
+                    (err == EPIPE || err == ECONNRESET ? kClosedHint : ""));
     }
   }
 
@@ -112,13 +119,15 @@ class TcpStore::Conn {
         size -= static_cast<size_t>(n);
         continue;
       }
-      if (n == 0) throw IoError("connection closed by the server");
+      if (n == 0) throw IoError(std::string("connection closed by the server") + kClosedHint);
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         wait_for(POLLIN, deadline);
         continue;
       }
-      throw IoError(std::string("receive failed: ") + std::strerror(errno));
+      int err = errno;
+      throw IoError(std::string("receive failed: ") + std::strerror(err) +
+                    (err == ECONNRESET ? kClosedHint : ""));
     }
   }
 
@@ -213,7 +222,10 @@ void TcpStore::connect_and_settle(Clock::time_point deadline) {
         dialect_ = Dialect::kV113;
       }
       conn_ = std::move(conn);
+      if (bind_keys_) send_bind_keys(deadline);
       return;
+    } catch (const NotSupportedError&) {
+      throw;
     } catch (const IoError& e) {
       last_error = e.what();
     } catch (const TimeoutError& e) {
@@ -439,25 +451,35 @@ void TcpStore::append(const std::string& key, const std::string& value) {
     return;
   }
   lock.unlock();
-  // 1.13 has no APPEND: read-modify-write with compare_set until it sticks.
-  for (;;) {
-    std::string desired;
-    std::string got;
-    if (!check({key})) {
-      desired = value;
-      got = compare_set(key, "", desired);
-    } else {
-      std::string current = get(key);
-      desired = current + value;
-      got = compare_set(key, current, desired);
-    }
-    if (got == desired) return;
+  // 1.13 has no APPEND. A compare_set loop is not enough: a compare_set that
+  // finds its own desired bytes cannot tell whether it stored them or another
+  // appender with the same bytes did, and one of the two appends is lost.
+  // So appenders take a lock: the one whose add() returns 1 holds it, and
+  // delete_key() releases it (the next add() starts again from 1).
+  const std::string lock_key = key + kAppendLockSuffix;
+  auto backoff = std::chrono::microseconds(100);
+  while (add(lock_key, 1) != 1) {
     if (Clock::now() > deadline) {
       throw TimeoutError("append to key '" + detail::printable(key) + "' on " + where() +
-                         " kept racing with other writers for " + std::to_string(timeout_.count()) +
-                         "ms");
+                         " could not take the lock key '" + detail::printable(lock_key) +
+                         "' within " + std::to_string(timeout_.count()) +
+                         "ms (a client that died while appending leaves it held; delete it)");
     }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::microseconds(20'000));
   }
+  try {
+    std::string current = check({key}) ? get(key) : std::string();
+    set(key, current + value);
+  } catch (...) {
+    try {
+      delete_key(lock_key);
+    } catch (const Error&) {
+      // The first error is the one to report.
+    }
+    throw;
+  }
+  delete_key(lock_key);
 }
 
 std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys) {
@@ -511,6 +533,40 @@ void TcpStore::multi_set(const std::vector<std::string>& keys,
     }
   }
   send_request(req, deadline, "multi_set", first);
+}
+
+void TcpStore::send_bind_keys(Clock::time_point deadline) {
+  if (dialect_ != Dialect::kV2) {
+    throw NotSupportedError("keys bound to a connection are not supported by " + where() +
+                            " (a torch 1.13 server)");
+  }
+  std::string req;
+  begin(&req, Op::kBindKeys);
+  protocol::put_u32(&req, protocol::kBindKeysMagic);
+  try {
+    conn_->send_all(req.data(), req.size(), deadline);
+    uint32_t echo = conn_->read_u32(deadline);
+    if (echo != protocol::kBindKeysMagic) {
+      throw ProtocolError("BIND_KEYS answered with " + std::to_string(echo));
+    }
+  } catch (const IoError& e) {
+    drop_connection();
+    throw NotSupportedError("keys bound to a connection are not supported by " + where() +
+                            " (the server closed the connection on the request, as torch's "
+                            "servers do: " +
+                            e.what() + ")");
+  } catch (const Error&) {
+    drop_connection();
+    throw;
+  }
+}
+
+void TcpStore::bind_keys_to_connection() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto deadline = Clock::now() + timeout_;
+  ensure_connected(deadline);
+  send_bind_keys(deadline);
+  bind_keys_ = true;
 }
 
 std::vector<std::string> TcpStore::list_keys() {

@@ -33,12 +33,20 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "store/protocol.h"
 #include "store/store.h"
 
 namespace ctorchrun::store {
 
 enum class ClientDialect { kAuto, kV113, kV2 };
+
+// The server lacks an extension of ctorchrun's own (torch's servers lack them
+// all); the message says "not supported". The store stays usable.
+class NotSupportedError : public ProtocolError {
+ public:
+  using ProtocolError::ProtocolError;
+};
 
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
@@ -67,8 +75,14 @@ class TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   int64_t num_keys() override;
   bool delete_key(const std::string& key) override;
-  // On a 1.13 server (no APPEND) emulated with a compare_set loop.
+  // On a 1.13 server (no APPEND) emulated under a lock taken with add() on
+  // key + kAppendLockSuffix and released with delete_key(): appenders through
+  // TcpStore never lose each other's bytes. A plain set() of the key by
+  // anyone still overwrites. If a client dies holding the lock, the others'
+  // appends to that key time out (TimeoutError naming the lock key) until it
+  // is deleted.
   void append(const std::string& key, const std::string& value) override;
+  static constexpr const char* kAppendLockSuffix = "#append_lock";
   // On a 1.13 server (no MULTI_GET/MULTI_SET) done key by key.
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
   void multi_set(const std::vector<std::string>& keys,
@@ -76,6 +90,20 @@ class TcpStore : public Store {
 
   // Keys that start with '/', without it (torch's list_keys). v2 servers only.
   std::vector<std::string> list_keys();
+
+  // Binds to this client's connection every key it creates from now on (the
+  // BIND_KEYS extension, store/protocol.h): when the connection closes (this
+  // object is destroyed, the process dies, the network drops it) the server
+  // deletes those keys and sets each one's gone marker, gone_marker(key), so a
+  // peer can wait() for it. A connection lost and remade by a later call
+  // loses its keys the same way; the new connection binds again.
+  // Throws NotSupportedError ("not supported") when the server is one of
+  // torch's (a 1.13 server, or a 2.x server, which closes the connection on
+  // the request); callers then fall back to heartbeats. IoError/TimeoutError
+  // as any call.
+  void bind_keys_to_connection();
+  // The key the server sets when bound `key`'s connection closes.
+  static std::string gone_marker(const std::string& key) { return key + protocol::kGoneSuffix; }
 
   protocol::Dialect dialect() const { return dialect_; }
   const std::string& host() const { return options_.host; }
@@ -86,6 +114,7 @@ class TcpStore : public Store {
   using Clock = std::chrono::steady_clock;
 
   void ensure_connected(Clock::time_point deadline);
+  void send_bind_keys(Clock::time_point deadline);  // on conn_; throws NotSupportedError
   void connect_and_settle(Clock::time_point deadline);
   void drop_connection();
   // Sends `request` and returns the reply read by `read`, dropping the
@@ -100,6 +129,7 @@ class TcpStore : public Store {
   TcpStoreOptions options_;
   protocol::Dialect dialect_ = protocol::Dialect::kUnknown;
   std::unique_ptr<Conn> conn_;
+  bool bind_keys_ = false;  // re-bind on every new connection
   std::mutex mutex_;
 };
 

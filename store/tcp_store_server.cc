@@ -8,6 +8,7 @@
 #include <future>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -16,6 +17,12 @@ namespace ctorchrun::store {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
+// Sockets bound to the io_context's own executor type rather than the
+// type-erased any_io_executor: every asynchronous operation would otherwise pay
+// for the erasure on the per-request path.
+using Executor = asio::io_context::executor_type;
+using Socket = tcp::socket::rebind_executor<Executor>::other;
+using Acceptor = tcp::acceptor::rebind_executor<Executor>::other;
 using protocol::Dialect;
 using protocol::Op;
 
@@ -27,6 +34,33 @@ constexpr size_t kShrinkAbove = 1 << 20;
 // until its client drains them: a client that pipelines GETs of large values
 // and never reads cannot make the server buffer without bound.
 constexpr size_t kMaxPendingOutput = 8 << 20;
+// WATCH_KEY events are not requested one by one, so pausing the connection
+// would not stop them: a watcher whose unread events pass this is closed.
+constexpr size_t kMaxPendingEvents = 8 << 20;
+// A refused request's key is logged cut to this many bytes.
+constexpr size_t kLoggedKeyBytes = 100;
+// Per-client refusal log lines after the first: at most one per this period.
+constexpr auto kRefusalLogPeriod = std::chrono::seconds(1);
+// Forget refusal history past this many clients (a scan of many addresses
+// must not grow the server); the next refusal of a forgotten client is logged
+// again as a first.
+constexpr size_t kMaxRefusalClients = 4096;
+
+std::string cut_key(std::string_view key) {
+  std::string out;
+  for (char ch : key.substr(0, kLoggedKeyBytes)) {
+    auto u = static_cast<unsigned char>(ch);
+    if (u >= 0x20 && u < 0x7f && ch != '\\') {
+      out.push_back(ch);
+    } else {
+      char b[5];
+      std::snprintf(b, sizeof b, "\\x%02x", u);
+      out += b;
+    }
+  }
+  if (key.size() > kLoggedKeyBytes) out += "...";
+  return out;
+}
 
 }  // namespace
 
@@ -38,7 +72,10 @@ class Connection;
 class TcpStoreServer::Impl {
  public:
   explicit Impl(const ServerOptions& options)
-      : options_(options), log_(get_logger("store")), acceptor_(io_), retry_timer_(io_) {}
+      : options_(options), log_(get_logger("store")), acceptor_(io_), retry_timer_(io_) {
+    // Settled once here rather than per request by the parser.
+    options_.limits.max_request_bytes = protocol::request_limit(options_.limits);
+  }
 
   void bind_and_listen();
   void run_thread();
@@ -55,19 +92,33 @@ class TcpStoreServer::Impl {
     return fut.get();
   }
 
+  // A refused request (a limit, a protocol violation, a slow reader): counts
+  // it, and logs the first per client address at once, then at most one line
+  // per client per kRefusalLogPeriod with the count since the last line.
+  struct Refusal {
+    const char* why = nullptr;
+    std::string_view key;  // may be empty
+    size_t limit = 0;      // 0: no limit involved
+    uint64_t length = 0;
+    bool option_raises_limit = true;  // a --max-* option raises `limit`
+  };
   // --- used by Connection -------------------------------------------------
   // Executes one parsed request for `c`; false means: drop the connection.
-  bool execute(Connection& c, const protocol::Request& req, const char** why);
+  bool execute(Connection& c, const protocol::Request& req, Refusal* why);
   void cancel_wait(Connection& c);
   void forget(Connection& c);  // unregisters watches; removes from connections_
-  void note_drop(Connection& c, const char* why);
+  void note_drop(Connection& c, const Refusal& r);
   const protocol::Limits& limits() const { return options_.limits; }
+  void unbind(const std::string& key);  // forgets the connection `key` is bound to
   spdlog::logger& log() { return *log_; }
 
   ServerOptions options_;
   std::shared_ptr<spdlog::logger> log_;
-  asio::io_context io_{1};  // one thread runs it: lets Asio skip some locking
-  tcp::acceptor acceptor_;
+  // One thread runs it and every socket operation happens on that thread, so
+  // the reactor's per-descriptor locks are not needed (UNSAFE_IO). Scheduler
+  // locking stays: other threads post() into it (run_sync, stop).
+  asio::io_context io_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  Acceptor acceptor_;
   asio::steady_timer retry_timer_;
   std::thread thread_;
   std::atomic<bool> stopped_{false};
@@ -81,7 +132,16 @@ class TcpStoreServer::Impl {
   std::unordered_map<std::string, std::vector<Connection*>> waiters_;
   std::unordered_map<std::string, std::vector<Connection*>> watchers_;
   std::unordered_map<Connection*, std::shared_ptr<Connection>> connections_;
-  std::string scratch_key_;  // reused to look up string_view keys
+  // Keys bound to the connection that created them (BIND_KEYS, see protocol.h).
+  std::unordered_map<std::string, Connection*> key_owner_;
+  struct RefusalLog {
+    uint64_t count = 0;     // refusals ever (while remembered)
+    uint64_t unlogged = 0;  // since the last line
+    std::chrono::steady_clock::time_point last_line;
+  };
+  std::unordered_map<std::string, RefusalLog> refusal_logs_;  // by client address
+  Connection* current_ = nullptr;  // the connection whose request executes now
+  std::string scratch_key_;        // reused to look up string_view keys
   TcpStoreServer::Stats stats_;
   uint64_t next_id_ = 0;
   uint64_t accept_errors_ = 0;
@@ -90,6 +150,10 @@ class TcpStoreServer::Impl {
   void do_accept();
   // Stores `value` (key may alias scratch_key_: nothing here reuses it).
   void store_value(const std::string& key, std::string value);
+  // Deletes `key` if it exists (watchers see a deletion); true if it did.
+  bool erase_key(const std::string& key);
+  // Deletes the keys bound to `c` and sets their gone markers.
+  void release_bound_keys(Connection& c);
   void wake(const std::string& key);
   void wake_one(const std::string& key);
   void notify_watchers(const std::string& key, protocol::WatchResponse kind,
@@ -110,7 +174,7 @@ class TcpStoreServer::Impl {
 // its WAIT registration.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(TcpStoreServer::Impl& server, tcp::socket socket, uint64_t id)
+  Connection(TcpStoreServer::Impl& server, Socket socket, uint64_t id)
       : server_(server), socket_(std::move(socket)), id_(id), in_(kInitialBuffer) {
     boost::system::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
@@ -126,24 +190,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
     out_.append(bytes.data(), bytes.size());
     if (!in_batch_) flush();
   }
+  // The output buffer, for a request's reply while process() runs a batch
+  // (it flushes at the end).
+  std::string& output() { return out_; }
   void send_u8(uint8_t v) {
     char c = static_cast<char>(v);
     send(std::string_view(&c, 1));
   }
 
   // Called when `key`, one this connection's WAIT is registered on, arrives.
+  // O(1): a WAIT on n keys completes in O(n) however the keys arrive.
   void key_arrived(const std::string& key) {
-    auto it = std::find(wait_keys_.begin(), wait_keys_.end(), key);
-    if (it != wait_keys_.end()) wait_keys_.erase(it);
+    if (wait_keys_.erase(key) == 0) return;
     if (awaited_ > 0 && --awaited_ == 0) {
       send_u8(static_cast<uint8_t>(protocol::WaitResponse::kStopWaiting));
     }
   }
 
+  size_t pending_output() const { return out_.size() + inflight_.size(); }
+
   void close() {
     if (closed_) return;
     closed_ = true;
     server_.cancel_wait(*this);
+    reset_progress(&req_);
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
@@ -154,14 +224,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string& peer() const { return peer_; }
   Dialect dialect() const { return dialect_; }
   bool waiting() const { return awaited_ > 0; }
+  bool closed() const { return closed_; }
 
-  std::vector<std::string> wait_keys_;
+  // The missing keys of the pending WAIT, each once however often the WAIT
+  // named it.
+  std::unordered_set<std::string> wait_keys_;
   size_t awaited_ = 0;
   std::vector<std::string> watch_keys_;
+  bool binds_keys_ = false;  // BIND_KEYS received
+  std::unordered_set<std::string> bound_keys_;
 
  private:
-  size_t pending_output() const { return out_.size() + inflight_.size(); }
-
   void do_read() {
     if (closed_ || reading_ || paused_) return;
     if (in_.size() - in_len_ < 1024) in_.resize(in_.size() * 2);
@@ -197,12 +270,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
         break;
       }
       if (r.status == protocol::ParseStatus::kError) {
-        server_.note_drop(*this, r.error);
+        server_.note_drop(*this, {r.error, r.key, r.limit, r.length});
         close();
         return;
       }
       need_ = 0;
-      const char* why = nullptr;
+      TcpStoreServer::Impl::Refusal why{nullptr, req_.key, 0, 0};
       if (!server_.execute(*this, req_, &why)) {
         server_.note_drop(*this, why);
         close();
@@ -212,9 +285,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     in_batch_ = false;
     if (off > 0) {
+      // need_ counts from the request's first byte, which moves to 0 here.
       std::memmove(in_.data(), in_.data() + off, in_len_ - off);
       in_len_ -= off;
-      if (need_ > off) need_ -= off;
     }
     if (in_len_ == 0 && in_.size() > kShrinkAbove) {
       in_.resize(kInitialBuffer);
@@ -266,7 +339,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   TcpStoreServer::Impl& server_;
-  tcp::socket socket_;
+  Socket socket_;
   uint64_t id_;
   std::string peer_;
   std::vector<char> in_;
@@ -312,7 +385,7 @@ void TcpStoreServer::Impl::bind_and_listen() {
 }
 
 void TcpStoreServer::Impl::do_accept() {
-  acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, Socket socket) {
     if (ec == asio::error::operation_aborted || stopped_) return;
     if (ec) {
       // Out of file descriptors and the like: back off briefly, keep serving.
@@ -376,14 +449,42 @@ void TcpStoreServer::Impl::stop() {
   }
 }
 
-void TcpStoreServer::Impl::note_drop(Connection& c, const char* why) {
-  if (stats_.dropped++ % 100 == 0) {
-    log_->warn("closing store connection from {} ({}): {}", c.peer(),
-               protocol::to_string(c.dialect()), why ? why : "protocol error");
+void TcpStoreServer::Impl::note_drop(Connection& c, const Refusal& r) {
+  ++stats_.dropped;
+  if (r.limit > 0) ++stats_.limit_refusals;
+  const std::string& peer = c.peer();
+  std::string host = peer.substr(0, peer.rfind(':'));
+  if (refusal_logs_.size() >= kMaxRefusalClients && !refusal_logs_.count(host)) {
+    refusal_logs_.clear();
   }
+  RefusalLog& rl = refusal_logs_[host];
+  ++rl.count;
+  auto now = std::chrono::steady_clock::now();
+  if (rl.count > 1 && now - rl.last_line < kRefusalLogPeriod) {
+    ++rl.unlogged;
+    return;
+  }
+  std::string what = r.why ? r.why : "protocol error";
+  if (!r.key.empty()) what += " (key '" + cut_key(r.key) + "')";
+  if (r.limit > 0) {
+    what += ": " + std::to_string(r.length) + " bytes or items, the limit is " +
+            std::to_string(r.limit);
+    if (r.option_raises_limit) what += " (ctorch-store's --max-* options raise it)";
+  }
+  if (rl.count == 1) {
+    log_->warn("refused a request from {} ({}) and closed its connection: {}", peer,
+               protocol::to_string(c.dialect()), what);
+  } else {
+    log_->warn("refused {} more requests from {} since the last report ({} in all); latest: {}",
+               rl.unlogged + 1, host, rl.count, what);
+  }
+  rl.unlogged = 0;
+  rl.last_line = now;
 }
 
 void TcpStoreServer::Impl::forget(Connection& c) {
+  auto keep_alive = c.shared_from_this();
+  release_bound_keys(c);
   for (const auto& key : c.watch_keys_) {
     auto it = watchers_.find(key);
     if (it == watchers_.end()) continue;
@@ -407,9 +508,41 @@ void TcpStoreServer::Impl::cancel_wait(Connection& c) {
   c.awaited_ = 0;
 }
 
+void TcpStoreServer::Impl::unbind(const std::string& key) {
+  auto it = key_owner_.find(key);
+  if (it == key_owner_.end()) return;
+  it->second->bound_keys_.erase(key);
+  key_owner_.erase(it);
+}
+
+bool TcpStoreServer::Impl::erase_key(const std::string& key) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return false;
+  std::string old = std::move(it->second);
+  kv_.erase(it);
+  unbind(key);
+  notify_watchers(key, protocol::WatchResponse::kKeyDeleted, old, {});
+  return true;
+}
+
+void TcpStoreServer::Impl::release_bound_keys(Connection& c) {
+  if (c.bound_keys_.empty()) return;
+  std::vector<std::string> keys(c.bound_keys_.begin(), c.bound_keys_.end());
+  Connection* saved = current_;
+  current_ = nullptr;  // markers bind to nobody
+  for (const auto& key : keys) {
+    erase_key(key);
+    store_value(key + protocol::kGoneSuffix, "1");
+  }
+  current_ = saved;
+  log_->debug("connection from {} closed: deleted its {} bound keys", c.peer(), keys.size());
+}
+
 void TcpStoreServer::Impl::wake(const std::string& key) {
+  if (waiters_.empty()) return;  // the common case: no hash of the key
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
+  stats_.waiter_entries_examined += it->second.size();
   // Hold every waiter: a reply that fails to send closes its connection,
   // and a connection can appear more than once in the list.
   std::vector<std::shared_ptr<Connection>> list;
@@ -422,6 +555,7 @@ void TcpStoreServer::Impl::wake(const std::string& key) {
 void TcpStoreServer::Impl::wake_one(const std::string& key) {
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
+  ++stats_.waiter_entries_examined;
   auto c = it->second.front()->shared_from_this();
   it->second.erase(it->second.begin());
   if (it->second.empty()) waiters_.erase(it);
@@ -439,11 +573,26 @@ void TcpStoreServer::Impl::notify_watchers(const std::string& key, protocol::Wat
   protocol::put_bytes(&event, new_value);
   std::vector<std::shared_ptr<Connection>> list;
   for (Connection* w : it->second) list.push_back(w->shared_from_this());
-  for (auto& w : list) w->send(event);
+  for (auto& w : list) {
+    if (w->pending_output() > kMaxPendingEvents) {
+      // It reads no events: pausing its requests would not stop them.
+      ++stats_.slow_readers_closed;
+      note_drop(*w, {"a WATCH_KEY client left its events unread", key, kMaxPendingEvents,
+                     w->pending_output(), false});
+      w->close();
+      continue;
+    }
+    w->send(event);
+  }
 }
 
 void TcpStoreServer::Impl::store_value(const std::string& key, std::string value) {
   auto it = kv_.find(key);
+  if (it == kv_.end() && current_ && current_->binds_keys_ && !current_->closed()) {
+    key_owner_[key] = current_;
+    current_->bound_keys_.insert(key);
+    erase_key(key + protocol::kGoneSuffix);
+  }
   if (!watchers_.empty() && watchers_.count(key)) {
     // Only v113 clients watch; keep the old value for their event.
     std::string old = it == kv_.end() ? std::string() : it->second;
@@ -460,28 +609,44 @@ void TcpStoreServer::Impl::store_value(const std::string& key, std::string value
   wake(key);
 }
 
-bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, const char** why) {
+bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, Refusal* why) {
   ++stats_.requests;
+  struct CurrentGuard {
+    Connection*& current;
+    ~CurrentGuard() { current = nullptr; }
+  } guard{current_};
+  current_ = &c;
   if (c.waiting()) {
     if (c.dialect() == Dialect::kV113) {
       // A 1.13 client never writes while blocked in WAIT: it gave up.
       cancel_wait(c);
     } else if (req.op == Op::kWait) {
-      *why = "WAIT sent while another WAIT of the same connection is pending";
+      why->why = "WAIT sent while another WAIT of the same connection is pending";
       return false;
     }
   }
 
-  std::string reply;
+  // Replies are written straight into the connection's output, in order
+  // with any WATCH_KEY events a request causes; the batch flushes them.
+  std::string& reply = c.output();
   switch (req.op) {
     case Op::kValidate:
       if (req.u32 != protocol::kValidationMagic) {
-        *why = "VALIDATE with a wrong magic number";
+        why->why = "VALIDATE with a wrong magic number";
         return false;
       }
       return true;
 
     case Op::kPing:
+      protocol::put_u32(&reply, req.u32);
+      break;
+
+    case Op::kBindKeys:
+      if (req.u32 != protocol::kBindKeysMagic) {
+        why->why = "BIND_KEYS with a wrong magic number";
+        return false;
+      }
+      c.binds_keys_ = true;
       protocol::put_u32(&reply, req.u32);
       break;
 
@@ -523,19 +688,21 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       if (it != kv_.end()) {
         auto parsed = protocol::parse_int64_like_stoll(it->second);
         if (!parsed) {
-          *why = "ADD on a value that is not an integer";
+          why->why = "ADD on a value that is not an integer";
           return false;
         }
         current = *parsed;
       }
-      int64_t sum = 0;
-      if (__builtin_add_overflow(current, req.delta, &sum)) {
-        *why = "ADD overflows int64";
-        return false;
-      }
+      // Wraps past int64's ends, as torch's servers do (two's complement).
+      int64_t sum =
+          static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.delta));
       protocol::put_i64(&reply, sum);
-      c.send(reply);
-      store_value(key, std::to_string(sum));
+      if (it != kv_.end() && watchers_.empty()) {
+        it->second = std::to_string(sum);  // no second lookup: ADD's common case
+        wake(key);
+      } else {
+        store_value(key, std::to_string(sum));
+      }
       return true;
     }
 
@@ -550,9 +717,8 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
     case Op::kWait: {
       for (auto k : req.keys) {
         const std::string& key = key_of(k);
-        if (!present(key)) {
+        if (!present(key) && c.wait_keys_.insert(key).second) {
           waiters_[key].push_back(&c);
-          c.wait_keys_.push_back(key);
           ++c.awaited_;
         }
       }
@@ -577,25 +743,16 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       break;
     }
 
-    case Op::kDeleteKey: {
-      const std::string& key = key_of(req.key);
-      auto it = kv_.find(key);
-      bool existed = it != kv_.end();
-      if (existed) {
-        std::string old = std::move(it->second);
-        kv_.erase(it);
-        notify_watchers(key, protocol::WatchResponse::kKeyDeleted, old, {});
-      }
-      protocol::put_i64(&reply, existed ? 1 : 0);
+    case Op::kDeleteKey:
+      protocol::put_i64(&reply, erase_key(key_of(req.key)) ? 1 : 0);
       break;
-    }
 
     case Op::kAppend: {
       const std::string& key = key_of(req.key);
       auto it = kv_.find(key);
       size_t old_size = it == kv_.end() ? 0 : it->second.size();
       if (old_size + req.value.size() > options_.limits.max_value_bytes) {
-        *why = "APPEND would grow a value beyond the value size limit";
+        why->why = "APPEND would grow a value beyond the value size limit";
         return false;
       }
       std::string value = it == kv_.end() ? std::string() : it->second;
@@ -604,12 +761,26 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       return true;
     }
 
-    case Op::kMultiGet:
+    case Op::kMultiGet: {
+      // The reply is bounded like a request: 131072 names of one 64 MiB value
+      // would otherwise ask for 8 TiB.
+      size_t total = 0;
+      const size_t cap = protocol::request_limit(options_.limits);
+      for (auto k : req.keys) {
+        auto it = kv_.find(key_of(k));
+        total += 8 + (it == kv_.end() ? 0 : it->second.size());
+        if (total > cap) {
+          *why = {"MULTI_GET reply larger than the request size limit", k, cap, total};
+          return false;
+        }
+      }
+      reply.reserve(total);
       for (auto k : req.keys) {
         auto it = kv_.find(key_of(k));
         protocol::put_bytes(&reply, it == kv_.end() ? std::string_view() : it->second);
       }
       break;
+    }
 
     case Op::kMultiSet:
       for (size_t i = 0; i < req.keys.size(); ++i) {
@@ -654,7 +825,6 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       for (const auto& kv : kv_) protocol::put_bytes(&reply, kv.first);
       break;
   }
-  if (!reply.empty()) c.send(reply);
   return true;
 }
 
@@ -665,6 +835,13 @@ TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 TcpStoreServer::~TcpStoreServer() { stop(); }
 
 std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const ServerOptions& options) {
+  const auto& l = options.limits;
+  if (l.max_request_bytes > 0 && l.max_request_bytes < l.max_key_bytes + l.max_value_bytes) {
+    throw ConfigError("the request size limit (" + std::to_string(l.max_request_bytes) +
+                      " bytes) is below the key limit plus the value limit (" +
+                      std::to_string(l.max_key_bytes) + " + " + std::to_string(l.max_value_bytes) +
+                      "); raise --max-request-bytes or lower the others");
+  }
   auto impl = std::make_unique<Impl>(options);
   impl->bind_and_listen();
   impl->run_thread();
@@ -691,6 +868,7 @@ size_t TcpStoreServer::erase_keys_except(const std::vector<std::string>& keep_pr
       if (keep(it->first)) {
         ++it;
       } else {
+        impl_->unbind(it->first);
         it = impl_->kv_.erase(it);
         ++removed;
       }

@@ -15,7 +15,17 @@
 //
 // Semantics follow torch's servers, with the choices the 2.x libuv server made
 // where they differ: GET of a missing key returns an empty value; WAIT/CHECK
-// count a non-empty queue as a present key. Waiters are woken when a value is
+// count a non-empty queue as a present key; ADD wraps past int64's ends.
+//
+// No request freezes the server: a WAIT completes in work proportional to the
+// keys it names (each key once, however often named), and a request that
+// arrives in pieces is parsed where it stopped. Every slow reader is bounded:
+// a connection whose unsent replies pass 8 MiB is paused until it reads, and a
+// WATCH_KEY client whose unread events pass 8 MiB is closed. Every refusal
+// (a limit, a protocol violation, a slow reader) is counted in stats() and
+// logged: the first per client address at once, then at most one line per
+// second per client. Keys bound to a connection (BIND_KEYS, protocol.h) are
+// deleted when it closes. Waiters are woken when a value is
 // stored (SET, ADD, APPEND, MULTI_SET, a compare_set that stores) and one per
 // QUEUE_PUSH. On a v113 (torch 1.13) connection a request that arrives while
 // that connection's WAIT is pending means the client gave up waiting (a 1.13
@@ -40,6 +50,10 @@ namespace ctorchrun::store {
 struct ServerOptions {
   std::string host = "0.0.0.0";  // as torch binds
   uint16_t port = 29500;         // 0 picks a free port; port() tells which
+  // Key, value, keys-per-request and whole-request limits (limits.max_request_bytes;
+  // 0 picks the default, see protocol::request_limit). A request over one is
+  // refused: the connection is closed, and the refusal counted and logged with
+  // the client's address and the key.
   protocol::Limits limits;
   size_t max_connections = 16384;
   int listen_backlog = 4096;
@@ -49,6 +63,8 @@ class TcpStoreServer {
  public:
   // Binds, listens and starts serving. Throws IoError naming host:port when
   // the address cannot be bound (in use, not local, bad host).
+  // Throws ConfigError when options.limits.max_request_bytes is set below
+  // max_key_bytes + max_value_bytes (a SET of the largest key and value must fit).
   static std::unique_ptr<TcpStoreServer> start(const ServerOptions& options);
 
   ~TcpStoreServer();  // stop()s
@@ -73,7 +89,12 @@ class TcpStoreServer {
     uint64_t accepted = 0;
     uint64_t refused = 0;  // over max_connections
     uint64_t requests = 0;
-    uint64_t dropped = 0;  // closed for a protocol violation
+    uint64_t dropped = 0;              // closed for a protocol violation, a limit or a slow read
+    uint64_t limit_refusals = 0;       // of those: a request or reply over a size limit
+    uint64_t slow_readers_closed = 0;  // of those: WATCH_KEY events left unread
+    // (key, waiting connection) pairs examined to complete WAITs: grows with
+    // the keys satisfied, whatever the number of keys each WAIT names.
+    uint64_t waiter_entries_examined = 0;
     uint64_t keys = 0;
   };
   Stats stats();

@@ -189,9 +189,6 @@ TEST_CASE("TcpStoreServer: a misbehaving client loses its connection, others car
       {"ADD on a non-integer", wire::op(Dialect::kV113, Op::kSet) + wire::str("/t") +
                                    wire::str("abc") + wire::op(Dialect::kV113, Op::kAdd) +
                                    wire::str("/t") + i64(1)},
-      {"ADD overflowing int64", wire::op(Dialect::kV113, Op::kAdd) + wire::str("/big") +
-                                    i64(INT64_MAX) + wire::op(Dialect::kV113, Op::kAdd) +
-                                    wire::str("/big") + i64(1)},
       {"second WAIT while one is pending (v2)",
        wire::validate() + wire::op(Dialect::kV2, Op::kWait) + wire::keys({"/w1"}) +
            wire::op(Dialect::kV2, Op::kWait) + wire::keys({"/w2"})},
