@@ -409,7 +409,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
           "comma-separated local ranks whose teed output reaches the console")
           ->delimiter(',')
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-          ->check(CLI::Range(0, 1 << 20));
+          ->check(CLI::Range(0, 1 << 20))
+          ->default_str("");
   CLI::Option* local_addr_opt = opt("--local-addr,--local_addr", local_addr, "PET_LOCAL_ADDR",
                                     "this node's address as others should reach it");
   opt("--signals-to-handle,--signals_to_handle", signals, "PET_SIGNALS_TO_HANDLE",
