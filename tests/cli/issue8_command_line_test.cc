@@ -308,7 +308,7 @@ TEST_CASE("issue 8: store_max_value_bytes lets a 65 MiB value into the hosted st
     store::TcpStoreOptions o;
     o.host = "127.0.0.1";
     o.port = static_cast<uint16_t>(port);
-    o.timeout = 20s;
+    o.timeout = 10s;
     const std::string value(k.bytes, 'v');
     bool stored = false;
     try {
