@@ -636,6 +636,12 @@ RunResult run(const LaunchConfig& config) {
   so.local_world_size = config.nproc_per_node;
   so.max_restarts = config.max_restarts;
   so.host = config.local_addr.empty() ? hostname() : config.local_addr;
+  // The hosted store's limits from --rdzv_conf store_*; unset keeps the store's defaults.
+  auto& limits = so.server.limits;
+  limits.max_key_bytes = config.store_max_key_bytes.value_or(limits.max_key_bytes);
+  limits.max_value_bytes = config.store_max_value_bytes.value_or(limits.max_value_bytes);
+  limits.max_keys_per_op = config.store_max_keys_per_op.value_or(limits.max_keys_per_op);
+  so.server.max_connections = config.store_max_connections.value_or(so.server.max_connections);
   rendezvous::StaticHandler rdzv(so);
   auto launcher = worker::make_process_launcher();
   ElasticAgent agent(config, rdzv, *launcher, *events);

@@ -5,6 +5,7 @@
 // it and never looks at argv or the environment for its settings.
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -26,6 +27,24 @@ struct LaunchConfig {
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;
   std::chrono::milliseconds rdzv_timeout{900'000};  // rdzv_conf timeout, torchrun's 900 s
+  // The other --rdzv_conf keys, validated and typed (cli/rdzv_conf.cc holds
+  // the table of keys, ranges and defaults; rdzv_conf above keeps the text).
+  std::chrono::milliseconds join_timeout{600'000};
+  std::chrono::milliseconds last_call_timeout{30'000};
+  std::chrono::milliseconds close_timeout{30'000};
+  std::chrono::milliseconds read_timeout{60'000};
+  std::optional<bool> is_host;  // unset: decided from the endpoint
+  std::chrono::milliseconds keep_alive_interval{5'000};
+  int keep_alive_max_attempt = 3;
+  // A node silent this long is lost: keep_alive_interval * keep_alive_max_attempt
+  // unless rdzv_conf gives node_timeout.
+  std::chrono::milliseconds node_timeout{15'000};
+  // Limits of the store this node hosts; unset: the store's own defaults.
+  std::optional<uint64_t> store_max_key_bytes;
+  std::optional<uint64_t> store_max_value_bytes;
+  std::optional<uint64_t> store_max_request_bytes;
+  std::optional<uint64_t> store_max_keys_per_op;
+  std::optional<uint64_t> store_max_connections;
   std::string local_addr;  // this node's address for others; empty: its hostname
 
   // Restarts and stopping.

@@ -7,12 +7,14 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
-#include <cstring>
+#include <charconv>
 #include <random>
+#include <set>
 #include <sstream>
-#include <tuple>
 
+#include "cli/rdzv_conf.h"
 #include "common/config.h"
+#include "common/error.h"
 
 namespace ctorchrun::cli {
 
@@ -30,40 +32,51 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
-  size_t used = 0;
+// A whole decimal integer in [lo, hi], for the parts of values CLI11 cannot
+// type on its own (MIN:MAX, LOCAL_RANK:VALUE, HOST:PORT).
+int parse_int(const std::string& what, const std::string& v, int lo, int hi) {
   long long n = 0;
-  try {
-    n = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size()) {
-    throw UsageError(flag + ": '" + v + "' is not an integer");
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size()) {
+    throw UsageError(what + ": '" + v + "' is not an integer");
   }
   if (n < lo || n > hi) {
-    throw UsageError(flag + ": " + v + " is out of range [" + std::to_string(lo) + ", " +
+    throw UsageError(what + ": " + v + " is out of range [" + std::to_string(lo) + ", " +
                      std::to_string(hi) + "]");
   }
   return static_cast<int>(n);
 }
 
-double parse_seconds(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  double d = -1;
-  try {
-    d = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || !(d >= 0) || d > 1e9) {
-    throw UsageError(flag + ": '" + v + "' is not a number of seconds >= 0");
-  }
-  return d;
+std::vector<std::string> split(const std::string& v, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, sep)) out.push_back(item);
+  return out;
 }
 
-std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+// Durations on the command line: decimal seconds in [0, one year].
+CLI::Validator seconds_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        double d = 0;
+        if (parse_seconds(s, 0, false, kMaxSeconds, &d)) return "";
+        return "'" + s + "' is not decimal seconds in [0, 31536000]";
+      },
+      "SECONDS");
+}
+
+// --nproc_per_node: a count, or cpu, gpu (cuda) or auto.
+CLI::Validator nproc_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s == "cpu" || s == "gpu" || s == "cuda" || s == "auto") return "";
+        int n = 0;
+        auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+        if (ec == std::errc() && end == s.data() + s.size() && n >= 1 && n <= (1 << 16)) return "";
+        return "'" + s + "' is not a number of workers in [1, 65536], cpu, gpu or auto";
+      },
+      "N|cpu|gpu|auto");
 }
 
 // torchrun's --redirects/--tee syntax: "3" for every local rank, or
@@ -81,9 +94,7 @@ void parse_std_map(const std::string& flag, const std::string& v, unsigned* all,
     *all = value(v);
     return;
   }
-  std::stringstream ss(v);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  for (const std::string& item : split(v, ',')) {
     auto colon = item.find(':');
     if (colon == std::string::npos) {
       throw UsageError(flag + ": '" + item + "' is not LOCAL_RANK:VALUE (as in 0:1,1:2)");
@@ -91,15 +102,6 @@ void parse_std_map(const std::string& flag, const std::string& v, unsigned* all,
     int rank = parse_int(flag, item.substr(0, colon), 0, 1 << 20);
     (*per_rank)[rank] = value(item.substr(colon + 1));
   }
-}
-
-std::vector<int> parse_int_list(const std::string& flag, const std::string& v) {
-  std::vector<int> out;
-  std::stringstream ss(v);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(parse_int(flag, item, 0, 1 << 20));
-  if (out.empty()) throw UsageError(flag + ": empty list");
-  return out;
 }
 
 int signal_number(const std::string& name) {
@@ -152,16 +154,116 @@ std::string getenv_or(const std::map<std::string, std::string>& env, const std::
   return it == env.end() || it->second.empty() ? fallback : it->second;
 }
 
+// argv split the way torchrun's argparse splits it, before CLI11 sees it.
+// CLI11 2.1.2 reads "--opt=" as "--opt" and then takes the next argument as
+// the value, and it refuses "--"; so the options are rewritten here, each
+// value-taking one as a single "--long-name=VALUE".
+struct SplitArgs {
+  std::vector<std::string> options;            // for CLI11, in order
+  std::set<const CLI::Option*> given;          // what the command line set (to an empty value too)
+  std::map<std::string, std::string> spelled;  // CLI11's name of an option -> the user's
+  std::vector<std::string> script;             // the script and its arguments, untouched
+};
+
+// CLI11 names an option by its first name (--nproc-per-node); say it as the
+// user wrote it (--nproc_per_node).
+std::string as_spelled(std::string message, const std::map<std::string, std::string>& spelled) {
+  for (const auto& [canonical, name] : spelled) {
+    for (size_t at = message.find(canonical); at != std::string::npos;
+         at = message.find(canonical, at)) {
+      size_t end = at + canonical.size();
+      if (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) ||
+                                   message[end] == '-' || message[end] == '_')) {
+        at = end;  // a longer name that starts the same way
+        continue;
+      }
+      message.replace(at, canonical.size(), name);
+      at += name.size();
+    }
+  }
+  const std::string missing = ": 1 required  missing";  // type names are hidden in --help
+  if (auto at = message.find(missing); at != std::string::npos) {
+    message.replace(at, missing.size(), ": a value is required");
+  }
+  return message;
+}
+
+// As argparse decides: a separate argument is an option's value unless it
+// looks like an option itself (a negative number does not).
+bool looks_like_value(const std::string& a) {
+  if (a.size() < 2 || a[0] != '-') return true;
+  double d = 0;
+  auto [end, ec] = std::from_chars(a.data(), a.data() + a.size(), d);
+  return ec == std::errc() && end == a.data() + a.size();
+}
+
+// Options before the script; the first argument that is not one (or the one
+// after a first "--") starts the script. An empty value unsets the options
+// in `empty_is_unset` and is an error for the others. The last occurrence of
+// an option wins.
+SplitArgs split_argv(CLI::App& app, int argc, const char* const* argv,
+                     const std::set<const CLI::Option*>& empty_is_unset) {
+  SplitArgs out;
+  std::vector<std::pair<const CLI::Option*, std::string>> emitted;
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') break;
+    const bool is_long = a[1] == '-';
+    const auto eq = is_long ? a.find('=') : std::string::npos;
+    const std::string name = is_long ? a.substr(0, eq) : a.substr(0, 2);
+    const CLI::Option* o = app.get_option_no_throw(name);
+    if (o != nullptr) out.spelled[o->get_name()] = name;
+    if (o == nullptr || o->get_expected_min() == 0) {
+      // An unknown option (CLI11 names it) or a flag: CLI11 takes it as is.
+      if (o != nullptr) out.given.insert(o);
+      emitted.emplace_back(o, a);
+      continue;
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+    } else if (!is_long && a.size() > 2) {
+      value = a.substr(a[2] == '=' ? 3 : 2);  // -r3, -r=3 (as argparse reads them)
+    } else if (i + 1 < argc && looks_like_value(argv[i + 1])) {
+      value = argv[++i];
+    } else {
+      emitted.emplace_back(o, a);  // CLI11 reports the missing value
+      continue;
+    }
+    out.given.insert(o);
+    emitted.erase(
+        std::remove_if(emitted.begin(), emitted.end(), [o](const auto& e) { return e.first == o; }),
+        emitted.end());
+    if (value.empty()) {
+      if (empty_is_unset.count(o)) continue;
+      throw UsageError(name + ": the value is empty; give a value or leave the option out");
+    }
+    emitted.emplace_back(o, "--" + o->get_lnames().front() + "=" + value);
+  }
+  out.script.assign(argv + i, argv + argc);
+  for (auto& e : emitted) out.options.push_back(e.second);
+  return out;
+}
+
 constexpr const char* kFooter = R"(
 The training script and its arguments come last and are passed through untouched;
-an option before the script that ctorchrun does not know is an error.
+an option before the script that ctorchrun does not know is an error. A first `--`
+before the script is dropped and the next argument is the script, even if it starts
+with '-'. An empty value (--log_dir= or --log_dir '') unsets --log_dir, --local_addr,
+--rdzv_endpoint, --rdzv_conf and --local_ranks_filter; for the others it is an error.
 The script runs as `$PYTHON -u script args...` (`-m module` with --module), where
 $PYTHON is $CTORCHRUN_PYTHON, else $PYTHON_EXEC, else python3 from PATH.
 
 Every option can also be set as PET_<NAME> in the environment (PET_NPROC_PER_NODE=4),
-as with torchrun; the command line wins. Other variables read: LOGLEVEL (DEBUG, INFO,
-WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT, TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT,
-OMP_NUM_THREADS (set to 1 for the workers when unset and nproc_per_node > 1).
+as with torchrun; the command line wins, an empty variable counts as unset. Other
+variables read: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT, OMP_NUM_THREADS (set to 1 for the workers when
+unset and nproc_per_node > 1).
 
 Workers get torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR,
@@ -184,7 +286,7 @@ Exit codes:
 class UsageFormatter : public CLI::Formatter {
  public:
   std::string make_usage(const CLI::App*, std::string name) const override {
-    return "Usage: " + name + " [OPTIONS] SCRIPT [SCRIPT ARGS...]\n";
+    return "Usage: " + name + " [OPTIONS] [--] SCRIPT [SCRIPT ARGS...]\n";
   }
 };
 
@@ -214,12 +316,12 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
 
   std::string nnodes = "1:1", nproc = "1", rdzv_backend = "static", rdzv_endpoint, rdzv_id = "none",
               rdzv_conf, start_method = "spawn", role = "default", log_dir, redirects = "0",
-              tee = "0", local_ranks_filter, master_addr = "127.0.0.1", local_addr,
+              tee = "0", master_addr = "127.0.0.1", local_addr,
               signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", events_file, event_log_handler = "null",
               logs_specs, numa_binding;
-  std::string node_rank = "0", master_port = "29500", max_restarts = "0", monitor_interval = "0.1",
-              shutdown_timeout = getenv_or(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"),
-              exit_barrier_timeout = getenv_or(env, "TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT", "300");
+  int node_rank = 0, master_port = 29500, max_restarts = 0;
+  double monitor_interval = 0.1, shutdown_timeout = 30, exit_barrier_timeout = 300;
+  std::vector<int> local_ranks_filter;
   bool standalone = false, module = false, no_python = false, run_path = false;
 
   CLI::App app{
@@ -231,74 +333,86 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "  ctorchrun --nproc_per_node=4 --max_restarts=3 train.py\n"
       "  ctorchrun --nproc_per_node=4 --no_python ./my_trainer --steps 1000",
       "ctorchrun"};
-  app.prefix_command();  // the first positional argument starts the script's argv
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   auto formatter = std::make_shared<UsageFormatter>();
   formatter->column_width(40);
   app.formatter(formatter);
-  app.footer(kFooter);
+  app.footer(std::string(kFooter) + "\n" + rdzv_conf_help());
   app.set_version_flag("--version", std::string("ctorchrun ") + CTORCHRUN_VERSION);
 
-  // PET_<NAME> fallbacks come from `env` (not getenv), applied after parsing
-  // to the options the command line did not give.
-  std::vector<std::tuple<CLI::Option*, std::string*, std::string>> pet_options;
-  std::vector<std::tuple<CLI::Option*, bool*, std::string>> pet_flags;
-  auto opt = [&](const std::string& names, std::string& target, const std::string& env_name,
-                 const std::string& help) {
-    CLI::Option* o = app.add_option(names, target, help)->capture_default_str()->type_name("");
-    o->description(help + " [env: " + env_name + "]");
-    pet_options.emplace_back(o, &target, env_name);
+  // Environment fallbacks, read from `env` (CLI11's envname would read the
+  // real environment): the first non-empty variable of the list applies to
+  // an option the command line did not give.
+  std::vector<std::pair<CLI::Option*, std::vector<std::string>>> fallbacks;
+  auto with_env = [&](CLI::Option* o, const std::string& help, std::vector<std::string> env_names) {
+    o->description(help + " [env: " + env_names.front() + "]");
+    fallbacks.emplace_back(o, std::move(env_names));
     return o;
+  };
+  auto opt = [&](const std::string& names, auto& target, const std::string& env_name,
+                 const std::string& help) {
+    return with_env(app.add_option(names, target)->capture_default_str()->type_name(""), help,
+                    {env_name});
   };
   auto flag = [&](const std::string& names, bool& target, const std::string& env_name,
                   const std::string& help) {
-    CLI::Option* o = app.add_flag(names, target, help + " [env: " + env_name + "]");
-    pet_flags.emplace_back(o, &target, env_name);
-    return o;
+    return with_env(app.add_flag(names, target), help, {env_name});
   };
   opt("--nnodes", nnodes, "PET_NNODES",
       "number of nodes, N or MIN:MAX (MIN:MAX needs the c10d backend)");
   opt("--nproc-per-node,--nproc_per_node", nproc, "PET_NPROC_PER_NODE",
-      "workers per node: N, cpu (one per CPU), gpu (one per GPU), auto (gpu if any, else cpu)");
-  opt("--node-rank,--node_rank", node_rank, "PET_NODE_RANK", "rank of this node, 0..nnodes-1");
+      "workers per node: N, cpu (one per CPU), gpu (one per GPU), auto (gpu if any, else cpu)")
+      ->check(nproc_validator());
+  opt("--node-rank,--node_rank", node_rank, "PET_NODE_RANK", "rank of this node, 0..nnodes-1")
+      ->check(CLI::Range(0, 1 << 20));
   opt("--master-addr,--master_addr", master_addr, "PET_MASTER_ADDR",
       "address of node 0, which hosts the store");
-  opt("--master-port,--master_port", master_port, "PET_MASTER_PORT", "port of the store on node 0");
+  opt("--master-port,--master_port", master_port, "PET_MASTER_PORT", "port of the store on node 0")
+      ->check(CLI::Range(1, 65535));
   opt("--max-restarts,--max_restarts", max_restarts, "PET_MAX_RESTARTS",
-      "job-wide restarts of every worker after a failure (nodes must agree)");
+      "job-wide restarts of every worker after a failure (nodes must agree)")
+      ->check(CLI::Range(0, 1 << 30));
   opt("--monitor-interval,--monitor_interval", monitor_interval, "PET_MONITOR_INTERVAL",
-      "accepted for torchrun compatibility; exits are noticed as they happen");
+      "accepted for torchrun compatibility; exits are noticed as they happen")
+      ->check(seconds_validator());
   opt("--rdzv-backend,--rdzv_backend", rdzv_backend, "PET_RDZV_BACKEND",
       "rendezvous backend: static");
-  opt("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint, "PET_RDZV_ENDPOINT",
-      "HOST[:PORT] of the rendezvous store (static: defaults to master_addr:master_port)");
+  CLI::Option* endpoint_opt =
+      opt("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint, "PET_RDZV_ENDPOINT",
+          "HOST[:PORT] of the rendezvous store (static: defaults to master_addr:master_port)");
   opt("--rdzv-id,--rdzv_id", rdzv_id, "PET_RDZV_ID", "job id shared by all nodes");
-  opt("--rdzv-conf,--rdzv_conf", rdzv_conf, "PET_RDZV_CONF",
-      "KEY=VALUE,...: timeout=SECONDS bounds the rendezvous (default 900); node_timeout=SECONDS "
-      "declares a node lost when its agent has been silent that long (default 15)");
+  CLI::Option* conf_opt = opt("--rdzv-conf,--rdzv_conf", rdzv_conf, "PET_RDZV_CONF",
+                              "KEY=VALUE,... rendezvous and hosted-store settings (keys below)");
   flag("--standalone", standalone, "PET_STANDALONE",
        "single node on a free local port (no master_addr/port needed)");
   opt("--start-method,--start_method", start_method, "PET_START_METHOD",
-      "accepted for torchrun compatibility (spawn, fork, forkserver)");
+      "accepted for torchrun compatibility (spawn, fork, forkserver)")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
   opt("--role", role, "PET_ROLE", "role name of the workers (ROLE_NAME, log prefix)");
   flag("-m,--module", module, "PET_MODULE", "run the script as a Python module (python -m)");
   flag("--no-python,--no_python", no_python, "PET_NO_PYTHON",
        "run the script directly as an executable, not through Python");
   flag("--run-path,--run_path", run_path, "PET_RUN_PATH",
        "accepted for torchrun compatibility: the script runs as with Python");
-  opt("--log-dir,--log_dir", log_dir, "PET_LOG_DIR",
-      "directory for the workers' logs and error files (default: a temporary one, removed "
-      "after success)");
+  CLI::Option* log_dir_opt =
+      opt("--log-dir,--log_dir", log_dir, "PET_LOG_DIR",
+          "directory for the workers' logs and error files (default: a temporary one, removed "
+          "after success)");
   opt("-r,--redirects", redirects, "PET_REDIRECTS",
       "send worker output to log files: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank "
       "as 0:1,1:2");
   opt("-t,--tee", tee, "PET_TEE",
       "copy worker output to log files and the console, lines prefixed [<role><local_rank>]:; "
       "same syntax as --redirects");
-  opt("--local-ranks-filter,--local_ranks_filter", local_ranks_filter, "PET_LOCAL_RANKS_FILTER",
-      "comma-separated local ranks whose teed output reaches the console");
-  opt("--local-addr,--local_addr", local_addr, "PET_LOCAL_ADDR",
-      "this node's address as others should reach it");
+  CLI::Option* filter_opt =
+      opt("--local-ranks-filter,--local_ranks_filter", local_ranks_filter, "PET_LOCAL_RANKS_FILTER",
+          "comma-separated local ranks whose teed output reaches the console")
+          ->delimiter(',')
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+          ->check(CLI::Range(0, 1 << 20))
+          ->default_str("");
+  CLI::Option* local_addr_opt = opt("--local-addr,--local_addr", local_addr, "PET_LOCAL_ADDR",
+                                    "this node's address as others should reach it");
   opt("--signals-to-handle,--signals_to_handle", signals, "PET_SIGNALS_TO_HANDLE",
       "signals forwarded to the workers before the launcher exits with 128+N");
   opt("--event-log-handler,--event_log_handler", event_log_handler, "PET_EVENT_LOG_HANDLER",
@@ -308,57 +422,42 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   opt("--numa-binding,--numa_binding", numa_binding, "PET_NUMA_BINDING",
       "not supported yet; giving it is an error");
   opt("--shutdown-timeout,--shutdown_timeout", shutdown_timeout, "PET_SHUTDOWN_TIMEOUT",
-      "seconds between SIGTERM and SIGKILL when stopping workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)");
+      "seconds between SIGTERM and SIGKILL when stopping workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)")
+      ->check(seconds_validator());
+  fallbacks.back().second.push_back("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
   opt("--exit-barrier-timeout,--exit_barrier_timeout", exit_barrier_timeout,
       "PET_EXIT_BARRIER_TIMEOUT",
-      "seconds a finished node waits for the others (TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT)");
+      "seconds a finished node waits for the others (TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT)")
+      ->check(seconds_validator());
+  fallbacks.back().second.push_back("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT");
   opt("--events-file,--events_file", events_file, "PET_EVENTS_FILE",
       "append one JSON object per lifecycle event to this file");
 
-  std::vector<std::string> args;
-  for (int i = argc - 1; i > 0; --i) args.emplace_back(argv[i]);  // CLI11 takes them reversed
+  SplitArgs args;
   try {
-    app.parse(args);
-  } catch (const CLI::CallForHelp&) {
-    out.kind = ParseOutcome::Kind::kExit;
-    out.message = app.help();
-    return out;
-  } catch (const CLI::CallForVersion&) {
-    out.kind = ParseOutcome::Kind::kExit;
-    out.message = std::string("ctorchrun ") + CTORCHRUN_VERSION + "\n";
-    return out;
-  } catch (const CLI::ParseError& e) {
-    out.kind = ParseOutcome::Kind::kExit;
-    out.exit_code = 2;
-    out.message = std::string("ctorchrun: ") + e.what() + " (see ctorchrun --help)";
-    return out;
-  }
+    args = split_argv(app, argc, argv,
+                      {log_dir_opt, local_addr_opt, endpoint_opt, conf_opt, filter_opt});
+    std::vector<std::string> reversed(args.options.rbegin(), args.options.rend());
+    app.parse(reversed);  // CLI11 takes them reversed
 
-  try {
-    for (auto& [o, target, name] : pet_options) {
-      auto it = env.find(name);
-      if (o->count() == 0 && it != env.end()) *target = it->second;
-    }
-    for (auto& [o, target, name] : pet_flags) {
-      auto it = env.find(name);
-      if (o->count() == 0 && it != env.end()) {
-        const std::string& v = it->second;
-        if (v == "1" || v == "true" || v == "True" || v == "TRUE" || v == "yes") {
-          *target = true;
-        } else if (v == "0" || v == "false" || v == "False" || v == "FALSE" || v == "no" ||
-                   v.empty()) {
-          *target = false;
-        } else {
-          throw UsageError(name + "='" + v + "' is not a boolean (1 or 0)");
+    for (auto& [o, names] : fallbacks) {
+      if (args.given.count(o)) continue;
+      for (const std::string& name : names) {
+        auto it = env.find(name);
+        if (it == env.end() || it->second.empty()) continue;
+        try {
+          o->add_result(it->second);
+          o->run_callback();
+        } catch (const CLI::Error& e) {
+          throw UsageError(name + "='" + it->second + "': " + e.what());
         }
+        break;
       }
     }
-    std::vector<std::string> rest = app.remaining();
+    const std::vector<std::string>& rest = args.script;
     if (rest.empty())
-      throw UsageError("no training script given (ctorchrun [options] SCRIPT [args...])");
-    if (rest[0].size() > 1 && rest[0][0] == '-') {
-      throw UsageError("unknown option '" + rest[0] + "' before the training script");
-    }
+      throw UsageError("no training script given (ctorchrun [options] [--] SCRIPT [args...])");
+
     // Membership.
     auto colon = nnodes.find(':');
     if (colon == std::string::npos) {
@@ -382,16 +481,12 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       int gpus = count_gpus(env);
       c.nproc_per_node = gpus > 0 ? gpus : cpus;
     } else {
-      c.nproc_per_node = parse_int("--nproc_per_node", nproc, 1, 1 << 16);
+      c.nproc_per_node = std::stoi(nproc);  // the validator accepted a count
     }
-    c.node_rank = parse_int("--node_rank", node_rank, 0, 1 << 20);
+    c.node_rank = node_rank;
     c.master_addr = master_addr;
-    c.master_port = parse_int("--master_port", master_port, 1, 65535);
-    c.max_restarts = parse_int("--max_restarts", max_restarts, 0, 1 << 30);
-    parse_seconds("--monitor_interval", monitor_interval);
-    if (start_method != "spawn" && start_method != "fork" && start_method != "forkserver") {
-      throw UsageError("--start_method: '" + start_method + "' is not spawn, fork or forkserver");
-    }
+    c.master_port = master_port;
+    c.max_restarts = max_restarts;
     if (!logs_specs.empty())
       throw UsageError("--logs_specs: plug-in log layouts are not supported");
     if (!numa_binding.empty()) throw UsageError("--numa_binding is not supported yet");
@@ -399,20 +494,6 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     // Rendezvous.
     c.run_id = rdzv_id;
     c.rdzv_backend = rdzv_backend;
-    if (!rdzv_conf.empty()) {
-      std::stringstream ss(rdzv_conf);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        auto eq = item.find('=');
-        if (eq == std::string::npos || eq == 0) {
-          throw UsageError("--rdzv_conf: '" + item + "' is not KEY=VALUE");
-        }
-        c.rdzv_conf[item.substr(0, eq)] = item.substr(eq + 1);
-      }
-    }
-    if (auto it = c.rdzv_conf.find("timeout"); it != c.rdzv_conf.end()) {
-      c.rdzv_timeout = to_ms(parse_seconds("--rdzv_conf timeout", it->second));
-    }
     if (standalone) {
       // One node on a free local port until dynamic rendezvous lands.
       c.rdzv_backend = "static";
@@ -441,28 +522,27 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
                          " must be below --nnodes=" + std::to_string(c.max_nodes));
       }
     }
+    try {
+      apply_rdzv_conf(rdzv_conf, c.rdzv_backend, &c, &out.warnings);
+    } catch (const ConfigError& e) {
+      throw UsageError(e.what());
+    }
     c.local_addr = local_addr;
 
     // Stopping.
-    c.shutdown_timeout = to_ms(parse_seconds("--shutdown_timeout", shutdown_timeout));
-    c.exit_barrier_timeout = to_ms(parse_seconds("--exit_barrier_timeout", exit_barrier_timeout));
+    c.shutdown_timeout = seconds_to_ms(shutdown_timeout);
+    c.exit_barrier_timeout = seconds_to_ms(exit_barrier_timeout);
     c.signals_to_handle.clear();
-    {
-      std::stringstream ss(signals);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        item.erase(std::remove_if(item.begin(), item.end(), ::isspace), item.end());
-        if (!item.empty()) c.signals_to_handle.push_back(signal_number(item));
-      }
+    for (std::string item : split(signals, ',')) {
+      item.erase(std::remove_if(item.begin(), item.end(), ::isspace), item.end());
+      if (!item.empty()) c.signals_to_handle.push_back(signal_number(item));
     }
 
     // Output.
     c.log_dir = log_dir;
     parse_std_map("--redirects", redirects, &c.redirects_default, &c.redirects);
     parse_std_map("--tee", tee, &c.tee_default, &c.tee);
-    if (!local_ranks_filter.empty()) {
-      c.local_ranks_filter = parse_int_list("--local_ranks_filter", local_ranks_filter);
-    }
+    if (!local_ranks_filter.empty()) c.local_ranks_filter = local_ranks_filter;
     c.events_file = events_file;
     c.role = role;
 
@@ -487,7 +567,21 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       c.environment["OMP_NUM_THREADS"] = "1";
       out.notices.push_back(kOmpNotice);
     }
+  } catch (const CLI::CallForHelp&) {
+    out = ParseOutcome{};
+    out.kind = ParseOutcome::Kind::kExit;
+    out.message = app.help();
+  } catch (const CLI::CallForVersion&) {
+    out = ParseOutcome{};
+    out.kind = ParseOutcome::Kind::kExit;
+    out.message = std::string("ctorchrun ") + CTORCHRUN_VERSION + "\n";
+  } catch (const CLI::ParseError& e) {
+    out = ParseOutcome{};
+    out.kind = ParseOutcome::Kind::kExit;
+    out.exit_code = 2;
+    out.message = "ctorchrun: " + as_spelled(e.what(), args.spelled) + " (see ctorchrun --help)";
   } catch (const UsageError& e) {
+    out = ParseOutcome{};
     out.kind = ParseOutcome::Kind::kExit;
     out.exit_code = 2;
     out.message = std::string("ctorchrun: ") + e.what();

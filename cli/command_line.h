@@ -13,16 +13,21 @@ namespace ctorchrun::cli {
 struct ParseOutcome {
   enum class Kind { kRun, kExit } kind = Kind::kRun;
   agent::LaunchConfig config;
-  int exit_code = 0;                 // kExit: 0 after --help/--version, 2 after a usage error
-  std::string message;               // kExit: what to print (help text, or the one-line error)
-  std::vector<std::string> notices;  // kRun: one-time notices (torchrun's OMP_NUM_THREADS one)
+  int exit_code = 0;                  // kExit: 0 after --help/--version, 2 after a usage error
+  std::string message;                // kExit: what to print (help text, or the one-line error)
+  std::vector<std::string> notices;   // kRun: one-time notices (torchrun's OMP_NUM_THREADS one)
+  std::vector<std::string> warnings;  // kRun: one line each, to log (unknown --rdzv_conf keys)
 };
 
 // Parses argv as torchrun does: every option in both spellings (--nproc_per_node
-// and --nproc-per-node), PET_<NAME> environment fallbacks, the script and its
-// arguments passed through untouched. `env` is the launcher's environment.
-// Never throws for bad input: a usage error is a kExit outcome with code 2 and
-// a one-line message.
+// and --nproc-per-node), PET_<NAME> environment fallbacks, a first "--" before
+// the script dropped, the script and its arguments passed through untouched.
+// `--opt=` and `--opt ''` give an empty value: it unsets --log_dir,
+// --local_addr, --rdzv_endpoint, --rdzv_conf and --local_ranks_filter and is an
+// error for the other options. --rdzv_conf is checked against the table in
+// cli/rdzv_conf.h. `env` is the launcher's environment (an empty PET_ variable
+// counts as unset). Never throws for bad input: a usage error is a kExit
+// outcome with code 2 and a one-line message.
 ParseOutcome parse_command_line(int argc, const char* const* argv,
                                 const std::map<std::string, std::string>& env);
 

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   for (const auto& notice : parsed.notices) std::fprintf(stderr, "%s\n", notice.c_str());
 
   auto log = get_logger("cli");
+  for (const auto& warning : parsed.warnings) log->warn("{}", warning);
   try {
     agent::RunResult r = agent::run(config);
     if (r.exit_code != kExitSuccess && !r.message.empty()) log->error("{}", r.message);

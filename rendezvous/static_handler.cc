@@ -29,7 +29,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   int port = options_.master_port;
 
   if (options_.node_rank == 0 && !server_) {
-    store::ServerOptions so;
+    store::ServerOptions so = options_.server;
     // As torch's agent binds: reachable on every interface; a job whose master
     // is this machine's loopback address stays on it.
     const std::string& m = options_.master_addr;

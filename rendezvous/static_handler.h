@@ -9,6 +9,7 @@
 #include <string>
 
 #include "rendezvous/handler.h"
+#include "store/tcp_store_server.h"
 
 namespace ctorchrun::store {
 class TcpStoreServer;
@@ -26,6 +27,8 @@ struct StaticOptions {
   int local_world_size = 1;
   int max_restarts = 0;
   std::string host;  // this node's address as announced to others
+  // Limits of the store node 0 hosts (its host and port come from the fields above).
+  store::ServerOptions server;
 };
 
 class StaticHandler : public Handler {

@@ -109,11 +109,16 @@ TEST_CASE("command line: --standalone is one node on a free local port", "[unit]
 }
 
 TEST_CASE("command line: bad input is one clear line and exit code 2", "[unit]") {
-  require_usage_error({"--nproc_per_node=abc", "s.py"}, "not an integer");
-  require_usage_error({"--nproc_per_node=0", "s.py"}, "out of range");
+  require_usage_error({"--nproc_per_node=abc", "s.py"}, "'abc' is not a number of workers");
+  require_usage_error({"--nproc_per_node=0", "s.py"}, "'0' is not a number of workers");
+  require_usage_error({"--nnodes=x", "s.py"}, "not an integer");
+  // The option is named as written.
+  require_usage_error({"--node_rank=x", "s.py"}, "--node_rank: ");
+  require_usage_error({"--node-rank=x", "s.py"}, "--node-rank: ");
+  require_usage_error({"--rdzv_id"}, "--rdzv_id: a value is required");
   require_usage_error({"--nnodes=3:2", "s.py"}, "MIN is greater than MAX");
   require_usage_error({"--nnodes=2", "--node_rank=2", "s.py"}, "must be below --nnodes=2");
-  require_usage_error({"--master_port=70000", "s.py"}, "out of range");
+  require_usage_error({"--master_port=70000", "s.py"}, "--master_port: Value 70000 not in range");
   require_usage_error({"--bogus", "s.py"}, "--bogus");
   require_usage_error({"--nproc", "2", "s.py"}, "--nproc");  // no abbreviations
   require_usage_error({"--nproc_per_node=2"}, "no training script");
@@ -123,7 +128,7 @@ TEST_CASE("command line: bad input is one clear line and exit code 2", "[unit]")
   require_usage_error({"--nnodes=1:2", "s.py"}, "dynamic rendezvous");
   require_usage_error({"--rdzv_conf=oops", "s.py"}, "KEY=VALUE");
   require_usage_error({"--signals_to_handle=SIGNOPE", "s.py"}, "SIGNOPE");
-  require_usage_error({"--max_restarts=-1", "s.py"}, "out of range");
+  require_usage_error({"--max_restarts=-1", "s.py"}, "--max_restarts: Value -1 not in range");
 }
 
 TEST_CASE("command line: --help documents every option, the variables and the exit codes",

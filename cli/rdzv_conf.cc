@@ -1,0 +1,253 @@
+#include "cli/rdzv_conf.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "common/error.h"
+#include "store/tcp_store_server.h"
+
+namespace ctorchrun::cli {
+
+namespace {
+
+using agent::LaunchConfig;
+
+std::string trim(const std::string& s) {
+  auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// Bounds as written in --help: whole numbers without a fraction.
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  return buf;
+}
+
+std::string range_text(const RdzvConfKey& k) {
+  if (k.type == RdzvConfType::kBool) return "true/false (torch)";
+  return std::string(k.min_exclusive ? "(" : "[") + number_text(k.min) + ", " + number_text(k.max) +
+         "]";
+}
+
+const char* type_text(RdzvConfType t) {
+  switch (t) {
+    case RdzvConfType::kSeconds:
+      return "seconds";
+    case RdzvConfType::kInteger:
+      return "integer";
+    case RdzvConfType::kBool:
+      return "bool";
+  }
+  return "";
+}
+
+std::vector<RdzvConfKey> make_table() {
+  const store::ServerOptions server;  // the hosted store's defaults, written once there
+  static const std::string key_bytes = std::to_string(server.limits.max_key_bytes);
+  static const std::string value_bytes = std::to_string(server.limits.max_value_bytes);
+  static const std::string keys_per_op = std::to_string(server.limits.max_keys_per_op);
+  static const std::string connections = std::to_string(server.max_connections);
+  constexpr double kMaxBytes = 1ull << 32;  // 4 GiB: one value held in memory
+  return {
+      {"timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "900", "static",
+       "how long the rendezvous waits for every node",
+       [](LaunchConfig& c, double v) { c.rdzv_timeout = seconds_to_ms(v); }},
+      {"join_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "600", "c10d",
+       "how long a node waits to join a round",
+       [](LaunchConfig& c, double v) { c.join_timeout = seconds_to_ms(v); }},
+      {"last_call_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "30", "c10d",
+       "extra wait for late nodes once min nodes have joined",
+       [](LaunchConfig& c, double v) { c.last_call_timeout = seconds_to_ms(v); }},
+      {"close_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "30", "c10d",
+       "wait for a closed rendezvous to be seen by every node",
+       [](LaunchConfig& c, double v) { c.close_timeout = seconds_to_ms(v); }},
+      {"read_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "60", "c10d",
+       "bound on one operation on the rendezvous store",
+       [](LaunchConfig& c, double v) { c.read_timeout = seconds_to_ms(v); }},
+      {"is_host", RdzvConfType::kBool, 0, false, 1, "from the endpoint", "c10d",
+       "whether this node hosts the rendezvous store",
+       [](LaunchConfig& c, double v) { c.is_host = v != 0; }},
+      {"keep_alive_interval", RdzvConfType::kSeconds, 0, true, kMaxSeconds, "5", "static",
+       "seconds between a node's heartbeats",
+       [](LaunchConfig& c, double v) { c.keep_alive_interval = seconds_to_ms(v); }},
+      {"keep_alive_max_attempt", RdzvConfType::kInteger, 1, false, 1'000'000, "3", "static",
+       "heartbeats missed before a node is lost",
+       [](LaunchConfig& c, double v) { c.keep_alive_max_attempt = static_cast<int>(v); }},
+      {"node_timeout", RdzvConfType::kSeconds, 0, true, kMaxSeconds, "interval*attempts", "static",
+       "silence after which a node is lost (overrides the two keep_alive keys)",
+       [](LaunchConfig& c, double v) { c.node_timeout = seconds_to_ms(v); }},
+      {"store_max_key_bytes", RdzvConfType::kInteger, 1, false, 16 << 20, key_bytes.c_str(),
+       "static", "longest key the hosted store accepts",
+       [](LaunchConfig& c, double v) { c.store_max_key_bytes = static_cast<uint64_t>(v); }},
+      {"store_max_value_bytes", RdzvConfType::kInteger, 1, false, kMaxBytes, value_bytes.c_str(),
+       "static", "longest value the hosted store accepts",
+       [](LaunchConfig& c, double v) { c.store_max_value_bytes = static_cast<uint64_t>(v); }},
+      {"store_max_request_bytes", RdzvConfType::kInteger, 1, false, 2 * kMaxBytes, "the store's",
+       "static", "largest request the hosted store accepts (>= key + value limits)",
+       [](LaunchConfig& c, double v) { c.store_max_request_bytes = static_cast<uint64_t>(v); }},
+      {"store_max_keys_per_op", RdzvConfType::kInteger, 1, false, 16 << 20, keys_per_op.c_str(),
+       "static", "most keys in one CHECK, WAIT, MULTI_GET or MULTI_SET",
+       [](LaunchConfig& c, double v) { c.store_max_keys_per_op = static_cast<uint64_t>(v); }},
+      {"store_max_connections", RdzvConfType::kInteger, 1, false, 1 << 20, connections.c_str(),
+       "static", "most client connections the hosted store keeps open",
+       [](LaunchConfig& c, double v) { c.store_max_connections = static_cast<uint64_t>(v); }},
+  };
+}
+
+bool parse_integer(const std::string& text, double* value) {
+  long long n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return false;
+  *value = static_cast<double>(n);
+  return true;
+}
+
+bool parse_bool(const std::string& text, double* value) {
+  const std::string v = lower(text);
+  if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") {
+    *value = 1;
+    return true;
+  }
+  if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") {
+    *value = 0;
+    return true;
+  }
+  return false;
+}
+
+bool in_range(const RdzvConfKey& k, double v) {
+  return (k.min_exclusive ? v > k.min : v >= k.min) && v <= k.max;
+}
+
+bool backend_reads(const RdzvConfKey& k, const std::string& backend) {
+  std::stringstream ss(k.backends);
+  std::string b;
+  while (std::getline(ss, b, ',')) {
+    if (trim(b) == backend) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+const std::vector<RdzvConfKey>& rdzv_conf_keys() {
+  static const std::vector<RdzvConfKey> table = make_table();
+  return table;
+}
+
+bool parse_seconds(const std::string& text, double min, bool min_exclusive, double max,
+                   double* seconds) {
+  double d = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return false;
+  if (!std::isfinite(d) || (min_exclusive ? !(d > min) : !(d >= min)) || d > max) return false;
+  *seconds = d;
+  return true;
+}
+
+std::chrono::milliseconds seconds_to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000.0)));
+}
+
+void apply_rdzv_conf(const std::string& text, const std::string& backend,
+                     agent::LaunchConfig* config, std::vector<std::string>* warnings) {
+  const auto& table = rdzv_conf_keys();
+  std::map<std::string, std::string> given;
+  std::vector<std::string> order;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (trim(item).empty()) continue;
+    auto eq = item.find('=');
+    std::string key = trim(item.substr(0, eq));
+    if (eq == std::string::npos || key.empty()) {
+      throw ConfigError("--rdzv_conf: '" + item + "' is not KEY=VALUE");
+    }
+    if (!given.count(key)) order.push_back(key);
+    given[key] = trim(item.substr(eq + 1));
+  }
+
+  bool node_timeout_given = false;
+  for (const std::string& key : order) {
+    const std::string& value = given[key];
+    config->rdzv_conf[key] = value;
+    auto k = std::find_if(table.begin(), table.end(),
+                          [&](const RdzvConfKey& e) { return key == e.name; });
+    if (k == table.end()) {
+      std::string known;
+      for (const auto& e : table) known += std::string(known.empty() ? "" : ", ") + e.name;
+      warnings->push_back("--rdzv_conf: unknown key '" + key + "' ignored (known: " + known + ")");
+      continue;
+    }
+    double v = 0;
+    bool ok = false;
+    switch (k->type) {
+      case RdzvConfType::kSeconds:
+        ok = parse_seconds(value, k->min, k->min_exclusive, k->max, &v);
+        break;
+      case RdzvConfType::kInteger:
+        ok = parse_integer(value, &v) && in_range(*k, v);
+        break;
+      case RdzvConfType::kBool:
+        ok = parse_bool(value, &v);
+        break;
+    }
+    if (!ok) {
+      std::string expected =
+          k->type == RdzvConfType::kBool
+              ? "a boolean (1, true, t, yes, y or 0, false, f, no, n)"
+              : std::string(k->type == RdzvConfType::kSeconds ? "decimal seconds" : "an integer") +
+                    " in " + range_text(*k);
+      throw ConfigError("--rdzv_conf " + key + "='" + value + "': expected " + expected);
+    }
+    k->apply(*config, v);
+    if (key == "node_timeout") node_timeout_given = true;
+    if (!backend_reads(*k, backend)) {
+      warnings->push_back("--rdzv_conf: key '" + key + "' is read by the " + k->backends +
+                          " backend, not by " + backend + "; ignored");
+    }
+  }
+  if (!node_timeout_given) {
+    config->node_timeout = config->keep_alive_interval * config->keep_alive_max_attempt;
+  }
+  if (config->store_max_request_bytes) {
+    const store::ServerOptions server;
+    uint64_t key_limit = config->store_max_key_bytes.value_or(server.limits.max_key_bytes);
+    uint64_t value_limit = config->store_max_value_bytes.value_or(server.limits.max_value_bytes);
+    if (*config->store_max_request_bytes < key_limit + value_limit) {
+      throw ConfigError("--rdzv_conf store_max_request_bytes=" +
+                        std::to_string(*config->store_max_request_bytes) +
+                        ": must be at least store_max_key_bytes + store_max_value_bytes (" +
+                        std::to_string(key_limit + value_limit) + ")");
+    }
+  }
+}
+
+std::string rdzv_conf_help() {
+  std::string out =
+      "--rdzv_conf=KEY=VALUE,... keys. Seconds are decimal; booleans are 1/true/t/yes/y or\n"
+      "0/false/f/no/n; a bad value ends the launch (exit 2), an unknown key is a warning.\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "key", "type", "range",
+                "default", "backends", "meaning");
+  out += line;
+  for (const auto& k : rdzv_conf_keys()) {
+    std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", k.name,
+                  type_text(k.type), range_text(k).c_str(), k.default_text, k.backends, k.help);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace ctorchrun::cli
