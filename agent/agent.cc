@@ -641,6 +641,7 @@ RunResult run(const LaunchConfig& config) {
   limits.max_key_bytes = config.store_max_key_bytes.value_or(limits.max_key_bytes);
   limits.max_value_bytes = config.store_max_value_bytes.value_or(limits.max_value_bytes);
   limits.max_keys_per_op = config.store_max_keys_per_op.value_or(limits.max_keys_per_op);
+  limits.max_request_bytes = config.store_max_request_bytes.value_or(limits.max_request_bytes);
   so.server.max_connections = config.store_max_connections.value_or(so.server.max_connections);
   rendezvous::StaticHandler rdzv(so);
   auto launcher = worker::make_process_launcher();

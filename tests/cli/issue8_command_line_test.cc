@@ -324,3 +324,41 @@ TEST_CASE("issue 8: store_max_value_bytes lets a 65 MiB value into the hosted st
     CHECK(p->exit_code(30s) == 128 + SIGTERM);
   }
 }
+
+TEST_CASE("issue 8: store_max_request_bytes caps a whole request to the hosted store",
+          "[multiproc]") {
+  // Three 1 MiB values each pass the value limit; together they exceed the
+  // request cap, so the MULTI_SET is refused only if the cap reaches the server.
+  struct Case {
+    std::string conf;
+    bool fits;
+  };
+  const std::string limits = "store_max_value_bytes=1048576,store_max_key_bytes=65536";
+  for (const Case& k :
+       {Case{limits, true}, Case{limits + ",store_max_request_bytes=2162688", false}}) {
+    TempDir dir;
+    const int port = free_port();
+    const std::string ready = dir.file("ready");
+    auto p =
+        start_ctorchrun({"--master_port=" + std::to_string(port), "--rdzv_conf=" + k.conf,
+                         "--no_python", "/bin/sh", "-c", "echo up > " + ready + "; exec sleep 60"});
+    REQUIRE(wait_for_file(ready, 30s));
+    store::TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = static_cast<uint16_t>(port);
+    o.timeout = 10s;
+    const std::string value(1u << 20, 'v');
+    bool stored = false;
+    try {
+      store::TcpStore client(o);
+      client.multi_set({"issue8/a", "issue8/b", "issue8/c"}, {value, value, value});
+      stored = client.get("issue8/c") == value;
+    } catch (const Error&) {
+      stored = false;
+    }
+    INFO(k.conf);
+    CHECK(stored == k.fits);
+    p->signal(SIGTERM);
+    CHECK(p->exit_code(30s) == 128 + SIGTERM);
+  }
+}
