@@ -3,8 +3,11 @@
 // descendants, the temporary log directory and log files that cannot be
 // written.
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -266,4 +269,24 @@ TEST_CASE("issue 7: a log file that cannot be written is warned about and named 
   CHECK(summary != std::string::npos);
   CHECK(named != std::string::npos);
   CHECK(named > summary);
+}
+
+TEST_CASE("issue 7: a busy master port is named by the flag ctorchrun users type", "[multiproc]") {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  std::string port = std::to_string(ntohs(addr.sin_port));
+  auto r = run_ctorchrun({"--master_port=" + port, "--no_python", "/bin/true"});
+  ::close(fd);
+  INFO(r.output);
+  CHECK(r.exit_code == 4);
+  CHECK(r.output.find("--master_port for ctorchrun") != std::string::npos);
+  CHECK(r.output.find("another --port)") == std::string::npos);
 }
