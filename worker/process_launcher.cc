@@ -577,8 +577,10 @@ void ProcessLauncher::on_sigchld() {
     }
   }
   watcher_->reap_if_exited();
-  handle_escapees(0);
-  if (exited.empty()) return;
+  if (exited.empty()) {
+    handle_escapees(0);
+    return;
+  }
   // Output written before the exit is in the pipes now: pass it on before
   // anyone hears of the exit.
   for (auto& w : exited) {
@@ -599,6 +601,7 @@ void ProcessLauncher::on_sigchld() {
     for (auto& w : exited) exits_.push_back(w);
   }
   cv_.notify_all();
+  handle_escapees(0);  // after the exits are out: /proc reads must not delay them
 }
 
 std::vector<pid_t> ProcessLauncher::start(const std::vector<WorkerSpec>& specs) {
@@ -687,9 +690,12 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     write_end.reset(p[1]);
     ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
   };
+  // Both streams to one file and neither teed: one pipe for both, so that the
+  // file keeps the order in which the worker wrote them.
+  const bool one_pipe = err_file && err_file == out_file && teed == kNone;
   UniqueFd out_read, out_write, err_read, err_write;
   if (to_file & kStdout) make_pipe(out_read, out_write);
-  if (to_file & kStderr) make_pipe(err_read, err_write);
+  if ((to_file & kStderr) && !one_pipe) make_pipe(err_read, err_write);
 
   std::vector<std::string> env_strings;
   env_strings.reserve(spec.env.size());
@@ -709,7 +715,7 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   setup.envp = envp.data();
   setup.cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
   setup.stdout_fd = out_write.get();
-  setup.stderr_fd = err_write.get();
+  setup.stderr_fd = one_pipe ? out_write.get() : err_write.get();
   setup.agent_pid = agent_pid_;
   setup.watcher_fd = watcher_->channel_fd();
   setup.failed_pid = &failed_pid;
@@ -752,7 +758,7 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
                                                     (teed & kStdout) ? STDOUT_FILENO : -1,
                                                     spec.prefix, on_error(spec.stdout_path)));
   }
-  if (to_file & kStderr) {
+  if ((to_file & kStderr) && !one_pipe) {
     const std::string& path = err_file == out_file ? spec.stdout_path : spec.stderr_path;
     w->pumps.push_back(std::make_shared<OutputPump>(io_, std::move(err_read), err_file,
                                                     (teed & kStderr) ? STDERR_FILENO : -1,
