@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/static_handler.h"
+#include "worker/console.h"
 
 namespace ctorchrun::agent {
 
@@ -92,6 +93,7 @@ void start_signal_thread(const std::vector<int>& signals) {
         relay->on_signal(sig);
       } else {
         get_logger("agent")->warn("received {}; exiting with {}", signal_name(sig), 128 + sig);
+        worker::Console::flush(worker::Console::kExitStall);
         spdlog::shutdown();
         std::_Exit(128 + sig);
       }
@@ -129,6 +131,9 @@ class ElasticAgent::Impl {
   void leave();
   // False for a temporary log directory that holds no file with content.
   bool logs_worth_keeping() const;
+  // Removes a temporary log directory that holds no file with content; the
+  // directory's path when it is kept (empty otherwise).
+  std::string tidy_log_dir();
   RunResult finish(int code, std::string message);
 
   const LaunchConfig& c_;
@@ -163,19 +168,30 @@ void ElasticAgent::Impl::on_signal(int sig) {
   // Nothing of ours runs: leave at once (the store, if we host it, goes with us).
   log_->warn("received {} while no workers run; exiting with {}", signal_name(sig), 128 + sig);
   events_.emit("finished", attempt_, {{"exit_code", 128 + sig}, {"signal", signal_name(sig)}});
+  if (std::string kept = tidy_log_dir(); !kept.empty()) log_->info("logs kept in {}", kept);
+  worker::Console::flush(worker::Console::kExitStall);
   spdlog::shutdown();
   std::_Exit(128 + sig);
 }
 
 void ElasticAgent::Impl::make_run_dir() {
   if (c_.log_dir.empty()) {
-    char tmpl[] = "/tmp/ctorchrun_XXXXXX";
-    if (!mkdtemp(tmpl)) {
-      throw JobEnd{kUsage,
-                   std::string("cannot create a temporary log directory: ") + std::strerror(errno)};
+    const char* tmpdir = std::getenv("TMPDIR");
+    std::string tmpl =
+        std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/ctorchrun_XXXXXX";
+    if (!mkdtemp(tmpl.data())) {
+      throw JobEnd{kUsage, "cannot create a temporary log directory " + tmpl + ": " +
+                               std::strerror(errno) + "; set TMPDIR or --log_dir"};
     }
     log_base_ = tmpl;
     temp_log_base_ = true;
+    bool to_files = false;
+    for (int lr = 0; lr < c_.nproc_per_node; ++lr) {
+      to_files = to_files || (c_.tee_for(lr) | c_.redirects_for(lr)) != 0;
+    }
+    if (to_files) {
+      log_->info("worker logs in {} (removed at exit if no log has content)", log_base_);
+    }
   } else {
     std::error_code ec;
     fs::create_directories(c_.log_dir, ec);
@@ -424,15 +440,29 @@ bool ElasticAgent::Impl::logs_worth_keeping() const {
   return false;
 }
 
-RunResult ElasticAgent::Impl::finish(int code, std::string message) {
-  events_.emit("finished", attempt_, {{"exit_code", code}});
-  // A temporary log directory goes when the job succeeded, or when it holds no
-  // file worth reading (no output was redirected, no error file written).
-  if (temp_log_base_ && !log_base_.empty() && (code == 0 || !logs_worth_keeping())) {
+std::string ElasticAgent::Impl::tidy_log_dir() {
+  if (log_base_.empty()) return "";
+  if (temp_log_base_ && !logs_worth_keeping()) {
     std::error_code ec;
     fs::remove_all(log_base_, ec);
+    return "";
   }
-  return RunResult{code, std::move(message)};
+  return temp_log_base_ ? log_base_ : "";
+}
+
+RunResult ElasticAgent::Impl::finish(int code, std::string message) {
+  events_.emit("finished", attempt_, {{"exit_code", code}});
+  auto truncated = launcher_.truncated_logs();
+  if (!truncated.empty()) {
+    std::string list;
+    for (const auto& path : truncated) list += (list.empty() ? "" : ", ") + path;
+    log_->warn("worker logs not written in full (see the warnings above): {}", list);
+  }
+  // A temporary log directory goes when it holds no file worth reading (no
+  // output was redirected, no error file written); otherwise its path is in
+  // the launcher's last log line.
+  RunResult r{code, std::move(message), tidy_log_dir()};
+  return r;
 }
 
 RunResult ElasticAgent::Impl::run() {
@@ -577,8 +607,7 @@ RunResult ElasticAgent::Impl::run() {
         if (root.node_rank == info_.group_rank) {
           std::vector<FailureRecord> shown =
               local.empty() ? std::vector<FailureRecord>{root} : local;
-          std::fprintf(stderr, "%s", format_failure_summary(c_.entrypoint_name, shown).c_str());
-          std::fflush(stderr);
+          worker::Console::write(STDERR_FILENO, format_failure_summary(c_.entrypoint_name, shown));
         }
         std::string msg =
             "job failed after " + std::to_string(k) + "/" + std::to_string(c_.max_restarts) +
@@ -624,7 +653,7 @@ RunResult run(const LaunchConfig& config) {
   try {
     events = std::make_unique<EventLog>(config.events_file, config.run_id, config.node_rank);
   } catch (const ConfigError& e) {
-    return RunResult{kUsage, e.what()};
+    return RunResult{kUsage, e.what(), ""};
   }
   rendezvous::StaticOptions so;
   so.master_addr = config.master_addr;

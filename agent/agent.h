@@ -22,6 +22,9 @@ namespace ctorchrun::agent {
 struct RunResult {
   int exit_code = 0;    // the launcher's exit code (cli/exit_codes.h)
   std::string message;  // why, when not 0 (already logged)
+  // A temporary log directory kept because a log in it has content; empty
+  // when there is none (removed, or --log_dir given).
+  std::string kept_log_dir;
 };
 
 // Signals arrive on a thread of their own (sigwait); the agent decides what a

@@ -2,6 +2,7 @@
 // agent, and turns its result into the exit code (cli/exit_codes.h).
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <map>
@@ -12,6 +13,8 @@
 #include "cli/exit_codes.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/console.h"
+#include "worker/launcher.h"
 
 extern char** environ;
 
@@ -39,19 +42,34 @@ int main(int argc, char** argv) {
   }
   const agent::LaunchConfig& config = parsed.config;
   agent::block_signals(config.signals_to_handle);
+  // Ctrl-Z stops the workers too (they run in sessions of their own); before
+  // any thread starts, so that every thread has SIGTSTP blocked.
+  worker::handle_job_control();
   std::vector<int> handled = default_signals;
   for (int s : config.signals_to_handle) handled.push_back(s);
   agent::start_signal_thread(handled);
 
+  // Our own lines share the non-blocking console queue with teed worker
+  // output: a console that does not drain never stalls the launcher.
+  set_log_sink(worker::Console::log_sink());
   setup_logging(spdlog::level::info);
-  for (const auto& notice : parsed.notices) std::fprintf(stderr, "%s\n", notice.c_str());
+  for (const auto& notice : parsed.notices) worker::Console::write(STDERR_FILENO, notice + "\n");
+  struct FlushConsole {
+    ~FlushConsole() { worker::Console::flush(worker::Console::kExitStall); }
+  } flush_console_at_exit;
 
   auto log = get_logger("cli");
   for (const auto& warning : parsed.warnings) log->warn("{}", warning);
   try {
     agent::RunResult r = agent::run(config);
+    // What the console lost is said before the last line.
+    worker::Console::flush(worker::Console::kExitStall);
     if (r.exit_code != kExitSuccess && !r.message.empty()) log->error("{}", r.message);
-    if (r.exit_code != kExitSuccess) log->info("exiting with code {}", r.exit_code);
+    if (!r.kept_log_dir.empty()) {
+      log->info("exiting with code {}; logs kept in {}", r.exit_code, r.kept_log_dir);
+    } else if (r.exit_code != kExitSuccess) {
+      log->info("exiting with code {}", r.exit_code);
+    }
     return r.exit_code;
   } catch (const InternalError& e) {
     log->critical("{}", e.what());

@@ -13,6 +13,7 @@ namespace ctorchrun {
 namespace {
 std::mutex g_mutex;
 spdlog::level::level_enum g_level = spdlog::level::info;
+std::shared_ptr<spdlog::sinks::sink> g_sink;  // null: stderr
 }  // namespace
 
 std::shared_ptr<spdlog::logger> get_logger(const std::string& name) {
@@ -20,8 +21,9 @@ std::shared_ptr<spdlog::logger> get_logger(const std::string& name) {
   if (auto existing = spdlog::get(name)) return existing;
   // Plain (unsynchronised-colour) stderr sink: our lines never interleave with
   // worker output on stdout, and the pattern stays machine-readable.
-  auto logger =
-      std::make_shared<spdlog::logger>(name, std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  std::shared_ptr<spdlog::sinks::sink> sink = g_sink;
+  if (!sink) sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  auto logger = std::make_shared<spdlog::logger>(name, std::move(sink));
   logger->set_pattern(kLogPattern);
   logger->set_level(g_level);
   logger->flush_on(spdlog::level::info);
@@ -53,6 +55,16 @@ void setup_logging(spdlog::level::level_enum default_level) {
   spdlog::set_level(level);
   spdlog::apply_all([level](const std::shared_ptr<spdlog::logger>& l) { l->set_level(level); });
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL overrides per logger
+}
+
+void set_log_sink(std::shared_ptr<spdlog::sinks::sink> sink) {
+  sink->set_pattern(kLogPattern);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_sink = sink;
+  spdlog::apply_all([&sink](const std::shared_ptr<spdlog::logger>& l) {
+    l->sinks().clear();
+    l->sinks().push_back(sink);
+  });
 }
 
 }  // namespace ctorchrun

@@ -23,4 +23,9 @@ inline constexpr const char* kLogPattern = "[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] [pi
 // `default_level` applies when neither is set. Call once from main().
 void setup_logging(spdlog::level::level_enum default_level);
 
+// Makes every logger, existing and created later, write to `sink` instead of
+// stderr (the launcher routes its log lines through its non-blocking console
+// queue, worker/console.h). Call from main(), before threads log.
+void set_log_sink(std::shared_ptr<spdlog::sinks::sink> sink);
+
 }  // namespace ctorchrun

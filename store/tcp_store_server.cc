@@ -376,7 +376,8 @@ void TcpStoreServer::Impl::bind_and_listen() {
   if (ec) {
     throw IoError("cannot bind the store server to " + where + ": " + ec.message() +
                   (ec == asio::error::address_in_use
-                       ? " (another process listens on that port; pick another --port)"
+                       ? " (another process listens on that port; pick another: --master_port for "
+                         "ctorchrun, --port for ctorch-store)"
                        : ""));
   }
   bound_host_ = options_.host;

@@ -22,19 +22,30 @@
 // No orphans: besides PR_SET_PDEATHSIG on each worker, the real launcher forks
 // a small watcher process when it is created. It learns each worker's process
 // group and SIGKILLs them all the moment the agent dies, however it dies
-// (SIGKILL included). A worker's descendant that stays in the worker's
-// process group never outlives the agent; one that starts a session or a
-// process group of its own has left our reach (as under torchrun).
+// (SIGKILL included): a worker's descendant that stays in the worker's
+// process group never outlives the agent. Descendants that leave it (setsid,
+// setpgid, a double-forked daemon) are handled by the agent itself: its
+// process is a child subreaper (PR_SET_CHILD_SUBREAPER), so they become its
+// children when their parents die; they are found in
+// /proc/self/task/*/children, reaped as they die, get stop()'s signal and
+// are SIGKILLed and reaped by stop(). So after stop() (and after the
+// destructor) no descendant of a worker is left. After a SIGKILL of the agent
+// only the watcher acts, and escaped descendants survive it. Where the kernel
+// refuses the subreaper or lacks the children file, one warning is logged
+// and escaped descendants survive the job.
 //
 // Output, per stream (stdout, stderr) and worker, as torchrun's
 // --redirects/--tee: by default the worker writes to the agent's own stream
-// (inherited: a terminal stays a terminal). A redirected stream goes to its
-// file only. A teed stream goes to its file unchanged and to the agent's
-// corresponding stream with every line prefixed, each line written with one
-// write() so lines of different workers never interleave mid-line; a final
-// line without '\n' reaches the console with one appended when the stream
-// ends. Output written by a worker before it exited is in its file (and on
-// the console) by the time its exit is reported.
+// (inherited: a terminal stays a terminal). A redirected or teed stream
+// reaches the agent through a pipe; the agent writes it to its file
+// unchanged, and a teed one also to the agent's corresponding stream with
+// every line prefixed, through worker::Console (console.h: queued, never
+// blocking the agent, whole lines dropped and counted when the console does
+// not drain); a final line without '\n' reaches the console with one
+// appended when the stream ends. Output written by a worker before it exited
+// is in its file (and queued for the console) by the time its exit is
+// reported. A log file that cannot be written is warned about once and listed
+// by truncated_logs().
 //
 // Thread safety: start(), wait() and stop() must not run concurrently with
 // one another (the agent calls them from its loop); signal_all(), wake() and
@@ -149,6 +160,10 @@ class Launcher {
 
   // Workers of the current set that have not exited.
   virtual size_t running() const = 0;
+
+  // Paths of the log files that could not be written in full (a full disk,
+  // a file size limit), in the order noticed; each was warned about once.
+  virtual std::vector<std::string> truncated_logs() const { return {}; }
 };
 
 // The real launcher (Boost.Process, one background thread for SIGCHLD and
@@ -157,5 +172,14 @@ class Launcher {
 // watcher cannot be started. Any number of launchers may coexist in a
 // process.
 std::unique_ptr<Launcher> make_process_launcher();
+
+// Ctrl-Z for a launcher whose workers run in sessions of their own (where the
+// terminal's SIGTSTP never reaches them): call from main() before any thread
+// starts. Blocks SIGTSTP and SIGCONT and starts a thread that, on SIGTSTP,
+// sends SIGSTOP to every worker's process group of every real launcher, then
+// stops the whole process with SIGSTOP; and on SIGCONT (the shell's fg or
+// bg), sends SIGCONT to the workers before anything else. A SIGTSTP that
+// is ignored when the process starts stays ignored.
+void handle_job_control();
 
 }  // namespace ctorchrun::worker

@@ -16,7 +16,20 @@
 // so kill(-pgid) never reaches a stranger (pid_max is 32768 on some hosts).
 // Boost.Process's own on_exit machinery is not used: it reaps at once, and its
 // exit_code() folds signals into exit codes.
+//
+// Escaped descendants (a worker's child that calls setsid, a double-forked
+// daemon): the launcher's process is a child subreaper, so when such a
+// process loses its parent it becomes our child instead of init's. Our
+// children are listed in /proc/self/task/*/children; those in a session
+// other than ours, and not a worker or watcher of any launcher, can only be
+// descendants of workers (a worker's descendants live in its session or in
+// one they created; sessions cannot be joined). The io thread reaps them as
+// they die and stop() kills them, by pid: a child's pid cannot be reused
+// before we reap it, and only the io thread reaps, so a kill never reaches a
+// stranger. Console output never happens on the io thread: it queues lines
+// on worker::Console, whose own threads write them.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -40,12 +53,16 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <future>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/console.h"
 #include "worker/executable.h"
 #include "worker/launcher.h"
 #include "worker/tee_writer.h"
@@ -74,6 +91,60 @@ constexpr size_t kDrainBudget = 8 << 20;
 // PATH for a worker whose environment and agent have none (execvp's default).
 constexpr const char* kDefaultPath = "/usr/bin:/bin";
 
+// Pids of every launcher's workers and watchers in this process: children of
+// ours that are never taken for escaped descendants.
+std::mutex g_owned_mutex;
+std::set<pid_t> g_owned;
+// Held from before a fork until its pid is owned, and while escapees are
+// picked, so that no launcher takes another's newborn worker for one.
+std::mutex g_spawn_mutex;
+
+void own(pid_t pid, bool owned) {
+  std::lock_guard<std::mutex> lock(g_owned_mutex);
+  if (owned) {
+    g_owned.insert(pid);
+  } else {
+    g_owned.erase(pid);
+  }
+}
+
+// Session id and state of `pid` from /proc/<pid>/stat; false if gone.
+bool read_stat(pid_t pid, pid_t* sid, char* state) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = text.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(text.substr(close + 1));
+  long ppid = 0;
+  long pgrp = 0;
+  long session = 0;
+  if (!(rest >> *state >> ppid >> pgrp >> session)) return false;
+  *sid = static_cast<pid_t>(session);
+  return true;
+}
+
+// The children of this process, from /proc/self/task/*/children; false when
+// the kernel does not provide that file.
+bool own_children(std::vector<pid_t>* out) {
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return false;
+  bool any = false;
+  while (dirent* ent = ::readdir(dir)) {
+    if (ent->d_name[0] == '.') continue;
+    std::ifstream in(std::string("/proc/self/task/") + ent->d_name + "/children");
+    if (!in) continue;
+    any = true;
+    long pid = 0;
+    while (in >> pid) out->push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(dir);
+  return any;
+}
+
+// Live launchers, for job control (handle_job_control()).
+std::mutex g_launchers_mutex;
+std::set<Launcher*> g_launchers;
+
 void kill_group(pid_t pgid, int sig) {
   CTORCHRUN_CHECK(pgid > 1, "kill of process group " + std::to_string(pgid));
   if (::kill(-pgid, sig) != 0 && errno != ESRCH) {
@@ -88,11 +159,18 @@ void kill_group(pid_t pgid, int sig) {
 // already queued when the launcher lets go of it.
 class OutputPump : public std::enable_shared_from_this<OutputPump> {
  public:
+  // console_fd: 1 or 2 for a teed stream, -1 for one that goes to its file
+  // only. on_file_error: called once if the file cannot be written.
   OutputPump(asio::io_context& io, UniqueFd pipe, std::shared_ptr<UniqueFd> file, int console_fd,
-             std::string prefix)
+             std::string prefix, detail::TeeWriter::FileError on_file_error)
       : pipe_(io, pipe.release()),
         file_(std::move(file)),
-        writer_(file_ ? file_->get() : -1, console_fd, std::move(prefix)) {}
+        writer_(
+            file_ ? file_->get() : -1,
+            console_fd < 0
+                ? detail::TeeWriter::ConsoleLine()
+                : [console_fd](std::string line) { Console::write(console_fd, std::move(line)); },
+            std::move(prefix), std::move(on_file_error)) {}
 
   void start() { arm(); }
 
@@ -306,6 +384,7 @@ class ProcessLauncher final : public Launcher {
   void signal_all(int sig) override;
   std::vector<WorkerExit> stop(int sig, milliseconds grace) override;
   size_t running() const override;
+  std::vector<std::string> truncated_logs() const override;
 
  private:
   // Runs `f` on the io thread and returns its result (or rethrows).
@@ -322,6 +401,13 @@ class ProcessLauncher final : public Launcher {
   void run_io();
   void arm_sigchld();
   void on_sigchld();
+  // Io thread only. Escaped descendants that are our children: zombies are
+  // reaped, the others get `sig` (0: none). Returns how many are left alive.
+  size_t handle_escapees(int sig);
+  // Escaped descendants whose parent still lives (a tree walk from each
+  // running worker) get `sig`: for a graceful stop before they are orphans.
+  void signal_attached_escapees(int sig);
+  void note_truncated(const std::string& path, int error);
   std::shared_ptr<Worker> spawn(const WorkerSpec& spec);  // io thread
   bool all_exited_locked() const {
     return std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->exited; });
@@ -330,6 +416,8 @@ class ProcessLauncher final : public Launcher {
   std::shared_ptr<spdlog::logger> log_;
   std::unique_ptr<detail::Watcher> watcher_;
   const pid_t agent_pid_;
+  const pid_t agent_sid_;
+  bool escapees_visible_ = true;  // subreaper set and the children file present
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   asio::signal_set sigchld_;
@@ -341,6 +429,9 @@ class ProcessLauncher final : public Launcher {
   std::deque<std::shared_ptr<Worker>> exits_;       // noticed, not yet returned
   bool woken_ = false;
 
+  mutable std::mutex truncated_mutex_;
+  std::vector<std::string> truncated_;
+
   std::thread thread_;  // last: starts once everything above exists
 };
 
@@ -348,6 +439,7 @@ ProcessLauncher::ProcessLauncher()
     : log_(get_logger("worker")),
       watcher_(detail::Watcher::spawn()),  // first: before any thread or worker
       agent_pid_(::getpid()),
+      agent_sid_(::getsid(0)),
       work_(io_.get_executor()),
       sigchld_(io_) {
   boost::system::error_code ec;
@@ -363,6 +455,32 @@ ProcessLauncher::ProcessLauncher()
     ::sigaction(SIGCHLD, &sa, nullptr);
   }
   arm_sigchld();
+  own(watcher_->pid(), true);
+  {
+    std::lock_guard<std::mutex> lock(g_launchers_mutex);
+    g_launchers.insert(this);
+  }
+  // Orphaned descendants of the workers become our children (see the top).
+  std::vector<pid_t> ignored;
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+    escapees_visible_ = false;
+    log_->warn(
+        "cannot become a child subreaper ({}): processes that leave a worker's session will "
+        "survive the job",
+        std::strerror(errno));
+  } else if (!own_children(&ignored)) {
+    escapees_visible_ = false;
+    log_->warn(
+        "/proc/self/task/*/children is not available: processes that leave a worker's session "
+        "will survive the job");
+  }
+  // A log file over a file size limit (RLIMIT_FSIZE) must fail the write
+  // with EFBIG and be reported, not kill the launcher. Workers get the
+  // default back (SpawnSetup).
+  struct sigaction xfsz;
+  if (::sigaction(SIGXFSZ, nullptr, &xfsz) == 0 && xfsz.sa_handler == SIG_DFL) {
+    ::signal(SIGXFSZ, SIG_IGN);
+  }
   // The io thread takes none of the signals the agent handles itself, and a
   // console pipe closed under it yields EPIPE (teed console output stops)
   // rather than a SIGPIPE that kills the agent.
@@ -378,6 +496,10 @@ ProcessLauncher::ProcessLauncher()
 }
 
 ProcessLauncher::~ProcessLauncher() {
+  {
+    std::lock_guard<std::mutex> lock(g_launchers_mutex);
+    g_launchers.erase(this);
+  }
   try {
     stop(SIGKILL, milliseconds(0));
   } catch (const std::exception& e) {
@@ -386,6 +508,7 @@ ProcessLauncher::~ProcessLauncher() {
   work_.reset();
   io_.stop();
   thread_.join();
+  own(watcher_->pid(), false);
   // watcher_'s destructor says bye once everything above is gone.
 }
 
@@ -447,13 +570,17 @@ void ProcessLauncher::on_sigchld() {
       watcher_->forget((*it)->pid);
       int status = 0;
       ::waitpid((*it)->pid, &status, WNOHANG);
+      own((*it)->pid, false);
       log_->debug("abandoned worker finally reaped local_rank={} pid={}", (*it)->local_rank,
                   (*it)->pid);
       it = abandoned_.erase(it);
     }
   }
   watcher_->reap_if_exited();
-  if (exited.empty()) return;
+  if (exited.empty()) {
+    handle_escapees(0);
+    return;
+  }
   // Output written before the exit is in the pipes now: pass it on before
   // anyone hears of the exit.
   for (auto& w : exited) {
@@ -474,6 +601,7 @@ void ProcessLauncher::on_sigchld() {
     for (auto& w : exited) exits_.push_back(w);
   }
   cv_.notify_all();
+  handle_escapees(0);  // after the exits are out: /proc reads must not delay them
 }
 
 std::vector<pid_t> ProcessLauncher::start(const std::vector<WorkerSpec>& specs) {
@@ -533,8 +661,10 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     if (!S_ISDIR(st.st_mode)) throw fail("working directory " + spec.cwd + ": Not a directory");
   }
 
-  // Output plumbing. Redirected: the file is the worker's fd. Teed: a pipe,
-  // read here and written to the file and the console. Teed with the console
+  // Output plumbing. Every stream that goes to a file comes through a pipe
+  // read here: teed ones also go to the console, and a file that cannot be
+  // written (a full disk, a file size limit) is noticed and reported, which
+  // a file held by the worker itself would hide. Teed with the console
   // filtered out is just redirected.
   const unsigned teed = spec.console ? spec.tee & kBoth : kNone;
   const unsigned to_file = (spec.redirects | spec.tee) & kBoth;
@@ -560,9 +690,12 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     write_end.reset(p[1]);
     ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
   };
+  // Both streams to one file and neither teed: one pipe for both, so that the
+  // file keeps the order in which the worker wrote them.
+  const bool one_pipe = err_file && err_file == out_file && teed == kNone;
   UniqueFd out_read, out_write, err_read, err_write;
-  if (teed & kStdout) make_pipe(out_read, out_write);
-  if (teed & kStderr) make_pipe(err_read, err_write);
+  if (to_file & kStdout) make_pipe(out_read, out_write);
+  if ((to_file & kStderr) && !one_pipe) make_pipe(err_read, err_write);
 
   std::vector<std::string> env_strings;
   env_strings.reserve(spec.env.size());
@@ -581,8 +714,8 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   setup.argv = argv.data();
   setup.envp = envp.data();
   setup.cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
-  setup.stdout_fd = (teed & kStdout) ? out_write.get() : out_file ? out_file->get() : -1;
-  setup.stderr_fd = (teed & kStderr) ? err_write.get() : err_file ? err_file->get() : -1;
+  setup.stdout_fd = out_write.get();
+  setup.stderr_fd = one_pipe ? out_write.get() : err_write.get();
   setup.agent_pid = agent_pid_;
   setup.watcher_fd = watcher_->channel_fd();
   setup.failed_pid = &failed_pid;
@@ -590,8 +723,11 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   std::error_code ec;
   pid_t pid = -1;
   {
+    std::lock_guard<std::mutex> spawning(g_spawn_mutex);
     bp::child child(setup, bp::error(ec));
     if (!ec) pid = child.id();
+    if (pid > 0) own(pid, true);
+    if (failed_pid > 0) own(failed_pid, true);
     // We reap and signal by pid ourselves; an attached child's destructor
     // would kill or waitpid it.
     child.detach();
@@ -601,7 +737,9 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
       int status = 0;
       while (::waitpid(failed_pid, &status, 0) < 0 && errno == EINTR) {
       }
+      own(failed_pid, false);
     }
+    if (pid > 0) own(pid, false);
     throw fail(program + ": " + (ec ? ec.message() : std::string("spawn failed")));
   }
   watcher_->watch(pid);
@@ -612,13 +750,19 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   w->program = program;
   w->exit.local_rank = spec.local_rank;
   w->exit.pid = pid;
-  if (teed & kStdout) {
+  auto on_error = [this](const std::string& path) {
+    return [this, path](int error) { note_truncated(path, error); };
+  };
+  if (to_file & kStdout) {
     w->pumps.push_back(std::make_shared<OutputPump>(io_, std::move(out_read), out_file,
-                                                    STDOUT_FILENO, spec.prefix));
+                                                    (teed & kStdout) ? STDOUT_FILENO : -1,
+                                                    spec.prefix, on_error(spec.stdout_path)));
   }
-  if (teed & kStderr) {
+  if ((to_file & kStderr) && !one_pipe) {
+    const std::string& path = err_file == out_file ? spec.stdout_path : spec.stderr_path;
     w->pumps.push_back(std::make_shared<OutputPump>(io_, std::move(err_read), err_file,
-                                                    STDERR_FILENO, spec.prefix));
+                                                    (teed & kStderr) ? STDERR_FILENO : -1,
+                                                    spec.prefix, on_error(path)));
   }
   for (auto& pump : w->pumps) pump->start();
   {
@@ -654,12 +798,87 @@ void ProcessLauncher::wake() {
 }
 
 void ProcessLauncher::signal_all(int sig) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& w : workers_) {
-    if (w->status_lost) continue;  // no zombie holds its pgid any more
-    log_->debug("signal local_rank={} pgid={} signal={}", w->local_rank, w->pid, signal_name(sig));
-    kill_group(w->pid, sig);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& w : workers_) {
+      if (w->status_lost) continue;  // no zombie holds its pgid any more
+      log_->debug("signal local_rank={} pgid={} signal={}", w->local_rank, w->pid,
+                  signal_name(sig));
+      kill_group(w->pid, sig);
+    }
   }
+  run_on_io([&] { handle_escapees(sig); });
+}
+
+size_t ProcessLauncher::handle_escapees(int sig) {
+  if (!escapees_visible_) return 0;
+  std::lock_guard<std::mutex> spawning(g_spawn_mutex);
+  std::vector<pid_t> children;
+  own_children(&children);
+  size_t alive = 0;
+  for (pid_t pid : children) {
+    {
+      std::lock_guard<std::mutex> lock(g_owned_mutex);
+      if (g_owned.count(pid) > 0) continue;
+    }
+    pid_t sid = 0;
+    char state = '?';
+    if (!read_stat(pid, &sid, &state) || sid == agent_sid_) continue;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      log_->debug("reaped an escaped descendant of the workers pid={}", pid);
+      continue;
+    }
+    ++alive;
+    if (sig != 0) {
+      log_->debug("signal escaped descendant pid={} signal={}", pid, signal_name(sig));
+      ::kill(pid, sig);
+    }
+  }
+  return alive;
+}
+
+void ProcessLauncher::signal_attached_escapees(int sig) {
+  if (!escapees_visible_) return;
+  // Breadth-first from every running worker; bounded against a fork bomb.
+  std::vector<std::pair<pid_t, pid_t>> queue;  // (pid, its worker's pgid)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& w : workers_) {
+      if (!w->exited) queue.emplace_back(w->pid, w->pid);
+    }
+  }
+  for (size_t at = 0; at < queue.size() && queue.size() < 4096; ++at) {
+    auto [pid, pgid] = queue[at];
+    DIR* dir = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+    if (dir == nullptr) continue;
+    while (dirent* ent = ::readdir(dir)) {
+      if (ent->d_name[0] == '.') continue;
+      std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + ent->d_name + "/children");
+      long child = 0;
+      while (in >> child) {
+        queue.emplace_back(static_cast<pid_t>(child), pgid);
+        // Group members get the group's signal; the others are escapees.
+        if (::getpgid(static_cast<pid_t>(child)) != pgid) ::kill(static_cast<pid_t>(child), sig);
+      }
+    }
+    ::closedir(dir);
+  }
+}
+
+void ProcessLauncher::note_truncated(const std::string& path, int error) {
+  {
+    std::lock_guard<std::mutex> lock(truncated_mutex_);
+    if (std::find(truncated_.begin(), truncated_.end(), path) != truncated_.end()) return;
+    truncated_.push_back(path);
+  }
+  log_->warn("cannot write worker log {}: {}; the rest of that output is not in it", path,
+             std::strerror(error));
+}
+
+std::vector<std::string> ProcessLauncher::truncated_logs() const {
+  std::lock_guard<std::mutex> lock(truncated_mutex_);
+  return truncated_;
 }
 
 std::vector<WorkerExit> ProcessLauncher::stop(int sig, milliseconds grace) {
@@ -673,7 +892,13 @@ std::vector<WorkerExit> ProcessLauncher::stop(int sig, milliseconds grace) {
   for (auto& w : workers_) {
     if (!w->status_lost) kill_group(w->pid, sig);
   }
-  if (sig != SIGKILL) cv_.wait_until(lock, deadline, [this] { return all_exited_locked(); });
+  if (sig != SIGKILL) {
+    lock.unlock();
+    signal_attached_escapees(sig);
+    run_on_io([&] { handle_escapees(sig); });
+    lock.lock();
+    cv_.wait_until(lock, deadline, [this] { return all_exited_locked(); });
+  }
   for (auto& w : workers_) {
     if (!w->exited && sig != SIGKILL) {
       log_->warn("worker local_rank={} pid={} still running {} ms after {}; sending SIGKILL",
@@ -704,8 +929,24 @@ std::vector<WorkerExit> ProcessLauncher::stop(int sig, milliseconds grace) {
       int status = 0;
       while (::waitpid(w->pid, &status, 0) < 0 && errno == EINTR) {
       }
+      own(w->pid, false);
     }
   });
+
+  // Every escaped descendant: once the workers are gone they are our
+  // children (or become so as their parents die), and are killed and reaped.
+  // Reparenting raises no event; a short bounded wait between rounds.
+  const auto escape_deadline = SteadyClock::now() + kKillWait;
+  for (;;) {
+    size_t alive = run_on_io([&] { return handle_escapees(SIGKILL); });
+    if (alive == 0) break;
+    if (SteadyClock::now() >= escape_deadline) {
+      log_->error("{} escaped descendants of the workers did not die {} ms after SIGKILL", alive,
+                  kKillWait.count());
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
 
   std::vector<WorkerExit> result;
   lock.lock();
@@ -730,5 +971,34 @@ size_t ProcessLauncher::running() const {
 }  // namespace
 
 std::unique_ptr<Launcher> make_process_launcher() { return std::make_unique<ProcessLauncher>(); }
+
+void handle_job_control() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTSTP);
+  sigaddset(&set, SIGCONT);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    sigset_t all;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, nullptr);
+    auto signal_workers = [](int sig) {
+      std::lock_guard<std::mutex> lock(g_launchers_mutex);
+      for (Launcher* l : g_launchers) l->signal_all(sig);
+    };
+    for (;;) {
+      int sig = 0;
+      if (::sigwait(&set, &sig) != 0) continue;
+      if (sig == SIGTSTP) {
+        get_logger("worker")->debug("SIGTSTP: stopping the workers, then the launcher");
+        signal_workers(SIGSTOP);
+        ::kill(::getpid(), SIGSTOP);
+      } else {
+        signal_workers(SIGCONT);
+        get_logger("worker")->debug("SIGCONT: workers continued");
+      }
+    }
+  }).detach();
+}
 
 }  // namespace ctorchrun::worker

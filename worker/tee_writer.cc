@@ -6,8 +6,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/log.h"
-
 namespace ctorchrun::worker::detail {
 
 bool write_all(int fd, const char* data, size_t size) {
@@ -29,54 +27,57 @@ bool write_all(int fd, const char* data, size_t size) {
   return true;
 }
 
-TeeWriter::TeeWriter(int file_fd, int console_fd, std::string prefix)
-    : file_fd_(file_fd), console_fd_(console_fd), prefix_(std::move(prefix)) {}
+TeeWriter::TeeWriter(int file_fd, ConsoleLine console, std::string prefix, FileError on_file_error)
+    : file_fd_(file_fd),
+      console_(std::move(console)),
+      prefix_(std::move(prefix)),
+      on_file_error_(std::move(on_file_error)) {}
 
 void TeeWriter::write(const char* data, size_t size) {
   if (file_fd_ >= 0 && !write_all(file_fd_, data, size)) {
-    get_logger("worker")->debug("worker log file write failed fd={}: {}; file output dropped",
-                                file_fd_, std::strerror(errno));
+    int error = errno;
     file_fd_ = -1;
+    if (on_file_error_) on_file_error_(error);
   }
-  if (console_fd_ < 0) return;
+  if (!console_) return;
   const char* end = data + size;
-  while (data < end && console_fd_ >= 0) {
+  while (data < end) {
     const char* nl = static_cast<const char*>(std::memchr(data, '\n', end - data));
     if (nl == nullptr) {
       partial_.append(data, end);
-      while (partial_.size() >= kMaxLine && console_fd_ >= 0) {
+      while (partial_.size() >= kMaxLine) {
         console_line(partial_.data(), kMaxLine);
         partial_.erase(0, kMaxLine);
+        after_piece_ = true;
       }
+      if (!partial_.empty()) after_piece_ = false;
       return;
     }
     if (partial_.empty()) {
-      console_line(data, nl - data);
+      // A line of exactly k * kMaxLine bytes was handed on in pieces already.
+      if (!(after_piece_ && nl == data)) console_line(data, nl - data);
     } else {
       partial_.append(data, nl);
       console_line(partial_.data(), partial_.size());
       partial_.clear();
     }
+    after_piece_ = false;
     data = nl + 1;
   }
 }
 
 void TeeWriter::finish() {
-  if (console_fd_ >= 0 && !partial_.empty()) console_line(partial_.data(), partial_.size());
+  if (console_ && !partial_.empty()) console_line(partial_.data(), partial_.size());
   partial_.clear();
   partial_.shrink_to_fit();
+  after_piece_ = false;
 }
 
 void TeeWriter::console_line(const char* data, size_t size) {
-  line_.clear();
-  line_.reserve(prefix_.size() + size + 1);
-  line_.append(prefix_).append(data, size).push_back('\n');
-  if (!write_all(console_fd_, line_.data(), line_.size())) {
-    get_logger("worker")->debug("console write failed fd={}: {}; teed console output dropped",
-                                console_fd_, std::strerror(errno));
-    console_fd_ = -1;
-  }
-  if (line_.capacity() > 64 * 1024) std::string().swap(line_);
+  std::string line;
+  line.reserve(prefix_.size() + size + 1);
+  line.append(prefix_).append(data, size).push_back('\n');
+  console_(std::move(line));
 }
 
 }  // namespace ctorchrun::worker::detail

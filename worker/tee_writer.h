@@ -1,23 +1,26 @@
 #pragma once
 
-// Internal to worker/: what happens to the bytes of one teed (or redirected
-// through a pipe) worker stream. The launcher reads the worker's pipe and
-// hands every chunk to write(); the stream's end to finish().
+// Internal to worker/: what happens to the bytes of one worker stream that
+// the launcher reads from a pipe (teed, or redirected to its file only). The
+// launcher reads the worker's pipe and hands every chunk to write(); the
+// stream's end to finish().
 //
 //  - The file gets the bytes unchanged, chunk by chunk.
-//  - The console gets complete lines only, each as prefix + line + '\n' in a
-//    single write(), so lines of several workers sharing the console never
-//    interleave mid-line (a write of up to PIPE_BUF bytes to a pipe is
-//    atomic; terminals and files take a write whole in practice).
-//  - finish() writes a last line without '\n' with one appended.
+//  - The console (when there is one) gets complete lines only, each as
+//    prefix + line + '\n' in one string, handed to `console` (the launcher
+//    queues it on worker::Console, which writes it with a single write(), so
+//    lines of several workers sharing the console never interleave mid-line).
+//  - finish() hands on a last line without '\n' with one appended.
 //  - A line longer than kMaxLine reaches the console in pieces of kMaxLine
-//    bytes, each written as a line: memory stays bounded.
+//    bytes, each as a line: memory stays bounded. A '\n' right after a piece
+//    ends that line; it adds no empty line.
 //
-// A failing write (a full disk, a closed console pipe) disables that
-// destination for the rest of the stream and is logged once at debug; the
-// other destination carries on. Descriptors are not owned. Not thread-safe.
+// A failing file write (a full disk, a file size limit) ends file output
+// for the rest of the stream and is handed to `on_file_error` once, with
+// errno's value. Descriptors are not owned. Not thread-safe.
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace ctorchrun::worker::detail {
@@ -26,8 +29,11 @@ class TeeWriter {
  public:
   static constexpr size_t kMaxLine = 1 << 20;
 
-  // file_fd / console_fd: -1 for none.
-  TeeWriter(int file_fd, int console_fd, std::string prefix);
+  using ConsoleLine = std::function<void(std::string line)>;
+  using FileError = std::function<void(int error)>;
+
+  // file_fd: -1 for none. console: empty for none.
+  TeeWriter(int file_fd, ConsoleLine console, std::string prefix, FileError on_file_error = {});
 
   void write(const char* data, size_t size);
   void finish();
@@ -36,14 +42,16 @@ class TeeWriter {
   void console_line(const char* data, size_t size);
 
   int file_fd_;
-  int console_fd_;
+  ConsoleLine console_;
   std::string prefix_;
-  std::string partial_;  // console bytes after the last '\n'
-  std::string line_;     // reused buffer for one console write
+  FileError on_file_error_;
+  std::string partial_;       // console bytes after the last '\n'
+  bool after_piece_ = false;  // the last console line was a kMaxLine piece
 };
 
 // Writes all of [data, data+size) to fd, retrying on EINTR, partial writes
-// and EAGAIN (waiting for the descriptor to become writable). False on error.
+// and EAGAIN (waiting for the descriptor to become writable). False on error,
+// with errno set.
 bool write_all(int fd, const char* data, size_t size);
 
 }  // namespace ctorchrun::worker::detail

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "worker/console.h"
 #include "worker/launcher.h"
 
 extern char** environ;
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
     if (fd < 0 || ::dup2(fd, STDERR_FILENO) < 0) usage("cannot open " + stderr_file);
     ::close(fd);
   }
+  ctorchrun::set_log_sink(Console::log_sink());
   ctorchrun::setup_logging(spdlog::level::info);
 
   std::map<std::string, std::string> env;
@@ -151,6 +153,7 @@ int main(int argc, char** argv) {
     for (auto& e : launcher->wait(deadline)) exits.push_back(e);
   }
   for (auto& e : launcher->stop(SIGTERM, std::chrono::milliseconds(grace_ms))) exits.push_back(e);
+  Console::flush(Console::kExitStall);
   for (auto& e : exits) {
     std::fprintf(stderr, "exit %d %s\n", e.local_rank,
                  e.signaled ? signal_name(e.signal).c_str() : std::to_string(e.exit_code).c_str());

@@ -1,6 +1,7 @@
 // Worker output as the console sees it: the launcher runs inside
 // launcher_host, whose stdout is a pipe read by the test.
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -137,7 +138,9 @@ TEST_CASE(
     "[multiproc]") {
   TempDir dir;
   const int workers = 4;
-  const long out_lines = 3000;
+  // Under worker::Console's 1 MiB per stream in all, so that no line may be
+  // dropped however slowly the test reads.
+  const long out_lines = 700;
   const long err_lines = 300;
   const long bytes = 301;  // lines do not divide stdio's 4096-byte chunks
   auto run = run_host(dir, {"--workers", std::to_string(workers), "--tee", "3"},
@@ -215,4 +218,42 @@ TEST_CASE("Worker output: tee and redirect mix per stream", "[multiproc]") {
   CHECK(non_log_lines(run.stderr_text).empty());
   CHECK(worker_file(dir, 0, "stdout") == "shown\n");
   CHECK(worker_file(dir, 0, "stderr") == "hidden\n");
+}
+
+// Issue 7, item 1: nothing reads the console while the worker writes 6 MB.
+TEST_CASE(
+    "Worker output: a console that does not keep up loses whole lines, counted, and the file "
+    "keeps every byte",
+    "[multiproc]") {
+  TempDir dir;
+  const long lines = 30000;
+  const long bytes = 200;
+  Process host({LAUNCHER_HOST, "--log-dir", dir.path(), "--stderr-file", dir.file("host.err"),
+                "--tee", "1", "--", FAKE_WORKER, "--line-bytes", std::to_string(bytes),
+                "--stdout-lines", std::to_string(lines)});
+  const std::string file = dir.path() + "/0/stdout.log";
+  auto file_complete = [&] {
+    struct stat st;
+    return ::stat(file.c_str(), &st) == 0 && st.st_size == lines * (bytes + 1);
+  };
+  // The worker finishes although its console is stuck.
+  REQUIRE(eventually(file_complete, 60s));
+  std::string console = host.read_all(60s);
+  CHECK(host.exit_code(10s) == 0);
+  auto shown = split_lines(console);
+  CHECK(shown.size() > 0);
+  CHECK(static_cast<long>(shown.size()) < lines);
+  long last = -1;
+  size_t bad = 0;
+  for (const auto& line : shown) {
+    int rank = -1;
+    long index = -1;
+    if (!parse_teed(line, "out", bytes, &rank, &index) || index <= last) ++bad;
+    last = index;
+  }
+  CHECK(bad == 0);  // whole lines, in order, gaps where lines were dropped
+  std::string err = read_file(dir.file("host.err"));
+  INFO(err);
+  CHECK(err.find("lines for the console (stdout) were") != std::string::npos);
+  CHECK((read_file(file).size() == static_cast<size_t>(lines * (bytes + 1))));
 }

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "tests/worker/worker_test_util.h"
@@ -21,17 +23,18 @@ using namespace ctorchrun::worker::testing;
 
 namespace {
 
-// A TeeWriter writing to two temporary files standing in for log and console.
+// A TeeWriter writing to a temporary file (the log) and collecting its
+// console lines in a string.
 struct TeeFixture {
   TempDir dir;
   int file_fd = ::open(dir.file("file").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  int console_fd = ::open(dir.file("console").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ~TeeFixture() {
-    ::close(file_fd);
-    ::close(console_fd);
-  }
+  std::string console_text;
+  ~TeeFixture() { ::close(file_fd); }
   std::string file() const { return read_file(dir.file("file")); }
-  std::string console() const { return read_file(dir.file("console")); }
+  const std::string& console() const { return console_text; }
+  worker::detail::TeeWriter::ConsoleLine sink() {
+    return [this](std::string line) { console_text += line; };
+  }
 };
 
 }  // namespace
@@ -39,7 +42,7 @@ struct TeeFixture {
 TEST_CASE("TeeWriter: prefixes whole lines on the console, joins lines split across chunks",
           "[unit]") {
   TeeFixture f;
-  worker::detail::TeeWriter tee(f.file_fd, f.console_fd, "[default3]:");
+  worker::detail::TeeWriter tee(f.file_fd, f.sink(), "[default3]:");
   tee.write("al", 2);
   CHECK(f.console().empty());  // nothing until the line is complete
   tee.write("pha\nbeta\nga", 11);
@@ -55,7 +58,7 @@ TEST_CASE(
     "the file",
     "[unit]") {
   TeeFixture f;
-  worker::detail::TeeWriter tee(f.file_fd, f.console_fd, "[p]:");
+  worker::detail::TeeWriter tee(f.file_fd, f.sink(), "[p]:");
   tee.write("done\nno newline", 15);
   CHECK(f.console() == "[p]:done\n");
   tee.finish();
@@ -66,14 +69,14 @@ TEST_CASE(
 TEST_CASE("TeeWriter: without a console only the file is written, and vice versa", "[unit]") {
   TeeFixture f;
   {
-    worker::detail::TeeWriter tee(f.file_fd, -1, "[p]:");
+    worker::detail::TeeWriter tee(f.file_fd, {}, "[p]:");
     tee.write("a\nb", 3);
     tee.finish();
   }
   CHECK(f.file() == "a\nb");
   CHECK(f.console().empty());
   {
-    worker::detail::TeeWriter tee(-1, f.console_fd, "[p]:");
+    worker::detail::TeeWriter tee(-1, f.sink(), "[p]:");
     tee.write("c\n", 2);
     tee.finish();
   }
@@ -83,7 +86,7 @@ TEST_CASE("TeeWriter: without a console only the file is written, and vice versa
 TEST_CASE("TeeWriter: a line longer than kMaxLine reaches the console in bounded pieces",
           "[unit]") {
   TeeFixture f;
-  worker::detail::TeeWriter tee(f.file_fd, f.console_fd, "[p]:");
+  worker::detail::TeeWriter tee(f.file_fd, f.sink(), "[p]:");
   std::string huge(worker::detail::TeeWriter::kMaxLine + 10, 'y');
   tee.write(huge.data(), huge.size());
   tee.write("\n", 1);
@@ -93,7 +96,35 @@ TEST_CASE("TeeWriter: a line longer than kMaxLine reaches the console in bounded
   CHECK(f.file() == huge + "\n");
 }
 
-TEST_CASE("TeeWriter: a closed console pipe stops console output, not the file", "[unit]") {
+// Issue 7, item 6: a line of exactly N * kMaxLine bytes gave an extra empty
+// prefixed line.
+TEST_CASE("TeeWriter: a line exactly kMaxLine or 2 * kMaxLine long adds no empty console line",
+          "[unit]") {
+  const size_t max = worker::detail::TeeWriter::kMaxLine;
+  for (size_t pieces : {1, 2}) {
+    TeeFixture f;
+    worker::detail::TeeWriter tee(f.file_fd, f.sink(), "[p]:");
+    std::string line(pieces * max, 'z');
+    tee.write(line.data(), line.size());
+    tee.write("\nnext\n", 6);
+    tee.finish();
+    std::string expected;
+    for (size_t i = 0; i < pieces; ++i) expected += "[p]:" + std::string(max, 'z') + "\n";
+    expected += "[p]:next\n";
+    CHECK(f.console() == expected);
+  }
+  // The same with the newline in the chunk that completes the line.
+  TeeFixture f;
+  worker::detail::TeeWriter tee(f.file_fd, f.sink(), "[p]:");
+  std::string line(max, 'z');
+  line += "\n\n";
+  tee.write(line.data(), line.size());
+  tee.finish();
+  CHECK(f.console() == "[p]:" + std::string(max, 'z') + "\n[p]:\n");  // the real empty line stays
+}
+
+TEST_CASE("TeeWriter: a file that cannot be written is reported once, the console carries on",
+          "[unit]") {
   TeeFixture f;
   int p[2];
   REQUIRE(::pipe(p) == 0);
@@ -103,15 +134,17 @@ TEST_CASE("TeeWriter: a closed console pipe stops console output, not the file",
   struct sigaction old {};
   ign.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &ign, &old);
+  std::vector<int> errors;
   {
-    worker::detail::TeeWriter tee(f.file_fd, p[1], "[p]:");
+    worker::detail::TeeWriter tee(p[1], f.sink(), "[p]:", [&](int e) { errors.push_back(e); });
     tee.write("one\ntwo\n", 8);
     tee.write("three\n", 6);
     tee.finish();
   }
   ::sigaction(SIGPIPE, &old, nullptr);
   ::close(p[1]);
-  CHECK(f.file() == "one\ntwo\nthree\n");
+  CHECK(errors == std::vector<int>{EPIPE});
+  CHECK(f.console() == "[p]:one\n[p]:two\n[p]:three\n");
 }
 
 TEST_CASE("find_executable: paths are checked, names are searched in the given PATH", "[unit]") {
