@@ -16,6 +16,7 @@
 #include "agent/job_monitor.h"
 #include "agent/worker_env.h"
 #include "common/error.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 #include "rendezvous/static_handler.h"
 
@@ -28,11 +29,10 @@ using worker::signal_name;
 
 namespace {
 
-// Exit codes (the contract is cli/exit_codes.h; the agent must not include cli/).
-constexpr int kFailed = 1;
-constexpr int kUsage = 2;
-constexpr int kRendezvous = 3;
-constexpr int kNetwork = 4;
+constexpr int kFailed = kExitWorkersFailed;
+constexpr int kUsage = kExitUsage;
+constexpr int kRendezvous = kExitRendezvous;
+constexpr int kNetwork = kExitStoreNetwork;
 
 std::string random_suffix() {
   static const char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
@@ -52,8 +52,12 @@ int64_t epoch_seconds(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
 }
 
-// The relay signals go to; null: exit at once.
-std::atomic<SignalRelay*> g_relay{nullptr};
+// The relay signals go to; null: exit at once. The signal thread calls the
+// relay with the mutex held, so that clearing it (set_signal_relay(nullptr),
+// ~ElasticAgent) waits for a call in progress and no call reaches a
+// destroyed agent.
+std::mutex g_relay_mutex;
+SignalRelay* g_relay = nullptr;
 
 // Thrown inside the loop when the job cannot go on; carries the exit code.
 struct JobEnd {
@@ -88,9 +92,19 @@ void start_signal_thread(const std::vector<int>& signals) {
     for (;;) {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) continue;
-      if (SignalRelay* relay = g_relay.load()) {
-        relay->on_signal(sig);
+      std::unique_lock<std::mutex> lock(g_relay_mutex);
+      if (g_relay) {
+        try {
+          g_relay->on_signal(sig);
+        } catch (const std::exception& e) {
+          // The thread's boundary: a signal still ends the launcher.
+          get_logger("agent")->error("handling {} failed: {}; exiting with {}", signal_name(sig),
+                                     e.what(), 128 + sig);
+          spdlog::shutdown();
+          std::_Exit(128 + sig);
+        }
       } else {
+        lock.unlock();
         get_logger("agent")->warn("received {}; exiting with {}", signal_name(sig), 128 + sig);
         spdlog::shutdown();
         std::_Exit(128 + sig);
@@ -99,7 +113,15 @@ void start_signal_thread(const std::vector<int>& signals) {
   }).detach();
 }
 
-void set_signal_relay(SignalRelay* relay) { g_relay = relay; }
+void set_signal_relay(SignalRelay* relay) {
+  std::lock_guard<std::mutex> lock(g_relay_mutex);
+  g_relay = relay;
+}
+
+SignalRelay* signal_relay() {
+  std::lock_guard<std::mutex> lock(g_relay_mutex);
+  return g_relay;
+}
 
 // ---------------------------------------------------------------------------
 
@@ -124,6 +146,9 @@ class ElasticAgent::Impl {
   // Waits for `key` on the main store, bounded by the liveness of the job.
   void await_key(const std::string& key, const char* what);
   void check_job_alive(const char* what);
+  // Ends the job when the monitor met a record it cannot read (exit 3) or a
+  // bug of ours (InternalError, exit 70).
+  void check_monitor() const;
   void sync_after_stop(int attempt, bool final);
   bool exit_barrier(int attempt);  // false: a failure of this attempt appeared (restart)
   void leave();
@@ -271,6 +296,7 @@ ElasticAgent::Impl::Outcome ElasticAgent::Impl::watch(int attempt,
     }
     if (!local_failures->empty()) return Outcome::kLocalFailure;
     if (pending_signal_) return Outcome::kSignal;
+    check_monitor();
     if (monitor_->failure(attempt)) return Outcome::kRemoteFailure;
     if (monitor_->store_lost()) return Outcome::kStoreLost;
     if (!monitor_->dead_nodes().empty()) return Outcome::kNodeLost;
@@ -285,7 +311,12 @@ FailureRecord ElasticAgent::Impl::publish_failure(int attempt,
       [](const FailureRecord& a, const FailureRecord& b) { return a.earlier_than(b); });
   std::string mine = root.to_json();
   std::string winner = info_.store->compare_set(keys::failure(attempt), "", mine);
-  return winner == mine ? root : FailureRecord::from_json(winner);
+  if (winner == mine) return root;
+  try {
+    return FailureRecord::from_json(winner);
+  } catch (const ProtocolError& e) {
+    throw ProtocolError("unreadable record at key '" + keys::failure(attempt) + "': " + e.what());
+  }
 }
 
 void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
@@ -302,7 +333,16 @@ void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
   workers_running_ = false;
 }
 
+void ElasticAgent::Impl::check_monitor() const {
+  if (auto e = monitor_->internal_error()) throw InternalError(*e);
+  if (auto e = monitor_->protocol_error()) {
+    throw JobEnd{kRendezvous, "protocol error in the job's store at " + info_.master_addr + ":" +
+                                  std::to_string(info_.master_port) + ": " + *e};
+  }
+}
+
 void ElasticAgent::Impl::check_job_alive(const char* what) {
+  check_monitor();
   if (monitor_->store_lost()) {
     throw JobEnd{kRendezvous, std::string("lost the job's store at ") + info_.master_addr + ":" +
                                   std::to_string(info_.master_port) + " while " + what + ": " +
@@ -349,6 +389,7 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
           break;
         } catch (const TimeoutError&) {
         }
+        check_monitor();
         if (monitor_->store_lost() || !monitor_->dead_nodes().empty()) break;
       }
     }
@@ -377,6 +418,7 @@ bool ElasticAgent::Impl::exit_barrier(int attempt) {
     } catch (const TimeoutError&) {
     }
     if (monitor_->failure(attempt)) return false;
+    check_monitor();
     if (monitor_->store_lost()) {
       log_->warn("exit barrier: lost the job's store ({}); this node's workers succeeded",
                  monitor_->store_error());
@@ -432,7 +474,7 @@ RunResult ElasticAgent::Impl::finish(int code, std::string message) {
     std::error_code ec;
     fs::remove_all(log_base_, ec);
   }
-  return RunResult{code, std::move(message)};
+  return RunResult{code, std::move(message), {}};
 }
 
 RunResult ElasticAgent::Impl::run() {
@@ -452,6 +494,8 @@ RunResult ElasticAgent::Impl::run() {
       throw JobEnd{kRendezvous, e.what()};
     } catch (const IoError& e) {
       throw JobEnd{kNetwork, e.what()};
+    } catch (const InternalError&) {
+      throw;
     } catch (const Error& e) {
       throw JobEnd{kRendezvous, std::string("rendezvous failed: ") + e.what()};
     }
@@ -574,12 +618,6 @@ RunResult ElasticAgent::Impl::run() {
       const bool final = k >= c_.max_restarts;
       sync_after_stop(k, final);
       if (final) {
-        if (root.node_rank == info_.group_rank) {
-          std::vector<FailureRecord> shown =
-              local.empty() ? std::vector<FailureRecord>{root} : local;
-          std::fprintf(stderr, "%s", format_failure_summary(c_.entrypoint_name, shown).c_str());
-          std::fflush(stderr);
-        }
         std::string msg =
             "job failed after " + std::to_string(k) + "/" + std::to_string(c_.max_restarts) +
             " restarts: rank " + std::to_string(root.rank) + " (local_rank " +
@@ -588,7 +626,11 @@ RunResult ElasticAgent::Impl::run() {
             (root.node_rank == info_.group_rank ? "" : " (summary on that node)") +
             (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
         leave();
-        return finish(kFailed, msg);
+        RunResult r = finish(kFailed, msg);
+        if (root.node_rank == info_.group_rank) {
+          r.failures = local.empty() ? std::vector<FailureRecord>{root} : local;
+        }
+        return r;
       }
       log_->warn(
           "rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
@@ -597,13 +639,26 @@ RunResult ElasticAgent::Impl::run() {
       events_.emit("restart", k + 1, {{"restart", k + 1}, {"max_restarts", c_.max_restarts}});
     }
   } catch (const JobEnd& end) {
+    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
     leave();
     return finish(end.exit_code, end.message);
+  } catch (const InternalError&) {
+    // A bug of ours: main reports it (exit 70); no worker outlives it.
+    stop_workers(SIGKILL, attempt_);
+    throw;
+  } catch (const ProtocolError& e) {
+    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
+    leave();
+    std::string where = info_.master_addr + ":" + std::to_string(info_.master_port);
+    return finish(kRendezvous, "protocol error in the job's store at " + where + ": " + e.what());
   } catch (const Error& e) {
     // The store failed under the main loop's feet.
     if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
     std::string where = info_.master_addr + ":" + std::to_string(info_.master_port);
     return finish(kRendezvous, std::string("lost the job's store at ") + where + ": " + e.what());
+  } catch (const std::exception& e) {
+    stop_workers(SIGKILL, attempt_);
+    throw InternalError(std::string("agent: ") + e.what());
   }
 }
 
@@ -613,7 +668,10 @@ ElasticAgent::ElasticAgent(const LaunchConfig& config, rendezvous::Handler& rend
                            worker::Launcher& launcher, EventLog& events)
     : impl_(std::make_unique<Impl>(config, rendezvous, launcher, events)) {}
 
-ElasticAgent::~ElasticAgent() = default;
+ElasticAgent::~ElasticAgent() {
+  std::lock_guard<std::mutex> lock(g_relay_mutex);
+  if (g_relay == this) g_relay = nullptr;
+}
 
 RunResult ElasticAgent::run() { return impl_->run(); }
 
@@ -624,7 +682,7 @@ RunResult run(const LaunchConfig& config) {
   try {
     events = std::make_unique<EventLog>(config.events_file, config.run_id, config.node_rank);
   } catch (const ConfigError& e) {
-    return RunResult{kUsage, e.what()};
+    return RunResult{kUsage, e.what(), {}};
   }
   rendezvous::StaticOptions so;
   so.master_addr = config.master_addr;
@@ -639,10 +697,8 @@ RunResult run(const LaunchConfig& config) {
   rendezvous::StaticHandler rdzv(so);
   auto launcher = worker::make_process_launcher();
   ElasticAgent agent(config, rdzv, *launcher, *events);
-  set_signal_relay(&agent);
-  RunResult r = agent.run();
-  set_signal_relay(nullptr);
-  return r;
+  set_signal_relay(&agent);  // cleared by ~ElasticAgent on every path
+  return agent.run();
 }
 
 }  // namespace ctorchrun::agent

@@ -33,12 +33,47 @@ JobMonitor::JobMonitor(std::function<std::shared_ptr<store::Store>()> connect, i
   state_->notify = std::move(notify);
   state_->node_timeout = node_timeout;
   state_->store_grace = store_grace;
-  std::thread(loop, state_).detach();
+  thread_ = std::thread(run_loop, state_);
 }
 
 JobMonitor::~JobMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->stop_cv.notify_all();
+  // Bounded: each store call of the thread has a timeout of a few seconds.
+  thread_.join();
+}
+
+std::optional<std::string> JobMonitor::protocol_error() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->stop = true;
+  return state_->protocol_error;
+}
+
+std::optional<std::string> JobMonitor::internal_error() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->internal_error;
+}
+
+// The thread's boundary: nothing escapes it. What it cannot handle ends the
+// monitor and is reported to the agent.
+void JobMonitor::run_loop(const std::shared_ptr<State>& st) {
+  auto fail = [&](std::optional<std::string> State::*slot, const std::string& what) {
+    std::lock_guard<std::mutex> lock(st->mutex);
+    if (st->stop) return;
+    (*st).*slot = what;
+    st->notify();
+  };
+  try {
+    loop(st);
+  } catch (const ProtocolError& e) {
+    fail(&State::protocol_error, e.what());
+  } catch (const std::exception& e) {
+    fail(&State::internal_error, std::string("job monitor: ") + e.what());
+  } catch (...) {
+    fail(&State::internal_error, "job monitor: unknown exception");
+  }
 }
 
 void JobMonitor::watch_attempt(int attempt) { state_->attempt = attempt; }
@@ -61,7 +96,7 @@ std::vector<int> JobMonitor::dead_nodes() const {
   return state_->dead;
 }
 
-void JobMonitor::loop(std::shared_ptr<State> st) {
+void JobMonitor::loop(const std::shared_ptr<State>& st) {
   std::shared_ptr<store::Store> store;
   std::vector<int64_t> beats(static_cast<size_t>(st->nnodes), -1);
   std::vector<Clock::time_point> changed(static_cast<size_t>(st->nnodes), Clock::now());
@@ -73,6 +108,10 @@ void JobMonitor::loop(std::shared_ptr<State> st) {
   auto stopped = [&] {
     std::lock_guard<std::mutex> lock(st->mutex);
     return st->stop;
+  };
+  auto pause = [&](std::chrono::milliseconds d) {
+    std::unique_lock<std::mutex> lock(st->mutex);
+    st->stop_cv.wait_for(lock, d, [&] { return st->stop; });
   };
   // Runs `update` and then notify, both under the mutex, unless stopped.
   auto publish = [&](const std::function<bool()>& update) {
@@ -116,7 +155,13 @@ void JobMonitor::loop(std::shared_ptr<State> st) {
       if (k != seen_failure_of) {
         try {
           store->wait({keys::failure(k)}, 250ms);
-          FailureRecord f = FailureRecord::from_json(store->get(keys::failure(k)));
+          std::string raw = store->get(keys::failure(k));
+          FailureRecord f;
+          try {
+            f = FailureRecord::from_json(raw);
+          } catch (const ProtocolError& e) {
+            throw ProtocolError("unreadable record at key '" + keys::failure(k) + "': " + e.what());
+          }
           seen_failure_of = k;
           publish([&] {
             st->failures.emplace_back(k, f);
@@ -126,9 +171,13 @@ void JobMonitor::loop(std::shared_ptr<State> st) {
           // Not failed (yet).
         }
       } else {
-        std::this_thread::sleep_for(250ms);
+        pause(250ms);
       }
       failing = false;
+    } catch (const ProtocolError&) {
+      throw;
+    } catch (const InternalError&) {
+      throw;
     } catch (const Error& e) {
       store.reset();
       auto now = Clock::now();
@@ -143,7 +192,7 @@ void JobMonitor::loop(std::shared_ptr<State> st) {
           return true;
         });
       }
-      std::this_thread::sleep_for(100ms);
+      pause(100ms);
     }
   }
 }

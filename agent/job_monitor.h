@@ -6,17 +6,22 @@
 //  - watches the failure key of the current attempt ("attempt/<k>/failure")
 //    and calls `notify` the moment another node (or this one) sets it,
 //  - tracks which nodes stopped beating (dead after `node_timeout`),
-//  - notices the loss of the store (errors for longer than `store_grace`).
+//  - notices the loss of the store (errors for longer than `store_grace`),
+//  - and ends on a record it cannot read (a protocol error naming the key) or
+//    on a broken invariant of ours (an internal error), which the agent
+//    reports as such, never as a lost store.
 // `notify` is called from the monitor's thread; it must be quick (the agent
 // passes Launcher::wake).
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agent/failure_summary.h"
@@ -40,20 +45,22 @@ class JobMonitor {
   JobMonitor(std::function<std::shared_ptr<store::Store>()> connect, int node, int nnodes,
              std::function<void()> notify, std::chrono::milliseconds node_timeout,
              std::chrono::milliseconds store_grace);
-  ~JobMonitor();  // stops at once; notify is never called afterwards
+  ~JobMonitor();  // stops and joins the thread; notify is never called afterwards
 
   void watch_attempt(int attempt);
   // The failure record of `attempt`, once its key has been seen.
   std::optional<FailureRecord> failure(int attempt) const;
   bool store_lost() const { return state_->store_lost; }
   std::string store_error() const;
+  // Set when a record in the store could not be read (ProtocolError's text).
+  std::optional<std::string> protocol_error() const;
+  // Set when the monitor's thread hit a bug of ours (InternalError's text).
+  std::optional<std::string> internal_error() const;
   // Nodes whose heartbeat stopped (and that did not say they left).
   std::vector<int> dead_nodes() const;
 
  private:
-  // Shared with the monitor's thread, which the destructor detaches rather
-  // than joins: the thread may be inside a store wait for up to 250 ms, and
-  // an agent that is done should not wait for it.
+  // Shared with the monitor's thread.
   struct State {
     std::function<std::shared_ptr<store::Store>()> connect;
     int node = 0;
@@ -69,10 +76,15 @@ class JobMonitor {
     std::vector<std::pair<int, FailureRecord>> failures;
     std::string store_error;
     std::vector<int> dead;
+    std::optional<std::string> protocol_error;
+    std::optional<std::string> internal_error;
+    std::condition_variable stop_cv;
   };
-  static void loop(std::shared_ptr<State> state);
+  static void loop(const std::shared_ptr<State>& state);
+  static void run_loop(const std::shared_ptr<State>& state);
 
   std::shared_ptr<State> state_;
+  std::thread thread_;
 };
 
 }  // namespace ctorchrun::agent

@@ -1,5 +1,5 @@
 // ctorchrun: the launcher. Parses torchrun's command line, runs this node's
-// agent, and turns its result into the exit code (cli/exit_codes.h).
+// agent, and turns its result into the exit code (common/exit_codes.h).
 
 #include <signal.h>
 
@@ -9,8 +9,8 @@
 
 #include "agent/agent.h"
 #include "cli/command_line.h"
-#include "cli/exit_codes.h"
 #include "common/error.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 
 extern char** environ;
@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
   auto log = get_logger("cli");
   try {
     agent::RunResult r = agent::run(config);
+    if (!r.failures.empty()) {
+      std::fprintf(stderr, "%s",
+                   agent::format_failure_summary(config.entrypoint_name, r.failures).c_str());
+      std::fflush(stderr);
+    }
     if (r.exit_code != kExitSuccess && !r.message.empty()) log->error("{}", r.message);
     if (r.exit_code != kExitSuccess) log->info("exiting with code {}", r.exit_code);
     return r.exit_code;

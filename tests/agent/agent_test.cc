@@ -8,9 +8,12 @@
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
+#include "common/error.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 
@@ -37,6 +40,9 @@ class FakeLauncher : public worker::Launcher {
       pid_t pid = next_pid_++;
       pids.push_back(pid);
       auto code = script_(attempt, s.local_rank);
+      if (code && *code != 0 && !error_file_content.empty()) {
+        std::ofstream(s.env.at("TORCHELASTIC_ERROR_FILE")) << error_file_content;
+      }
       if (code) {
         worker::WorkerExit e;
         e.local_rank = s.local_rank;
@@ -88,6 +94,8 @@ class FakeLauncher : public worker::Launcher {
 
   std::vector<std::vector<worker::WorkerSpec>> starts;
   std::vector<int> stop_signals;
+  // Written to the error file of each worker that fails (when not empty).
+  std::string error_file_content;
 
  private:
   Script script_;
@@ -103,6 +111,7 @@ class FakeLauncher : public worker::Launcher {
 class FakeRendezvous : public rendezvous::Handler {
  public:
   rendezvous::RendezvousInfo next_rendezvous() override {
+    if (fail_with_bug) CTORCHRUN_CHECK(false, "a broken invariant in the rendezvous");
     rendezvous::RendezvousInfo info;
     auto ns = std::make_shared<store::PrefixStore>("ctorchrun/none", hash);
     info.store = ns;
@@ -124,18 +133,34 @@ class FakeRendezvous : public rendezvous::Handler {
 
   std::shared_ptr<store::HashStore> hash = std::make_shared<store::HashStore>();
   int clears = 0;
+  bool fail_with_bug = false;
 
  private:
   std::string id_ = "none";
 };
 
+// A fresh log directory per test, removed at exit.
+struct LogDir {
+  LogDir() {
+    char tmpl[] = "/tmp/ctorchrun_agent_test_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~LogDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
 agent::LaunchConfig config(int max_restarts) {
+  static LogDir dir;
   agent::LaunchConfig c;
   c.nproc_per_node = 2;
   c.max_restarts = max_restarts;
   c.entrypoint = {"/bin/true"};
   c.entrypoint_name = "/bin/true";
-  c.log_dir = "/tmp/ctorchrun_agent_test_logs";
+  c.log_dir = dir.path;
   c.shutdown_timeout = 100ms;
   return c;
 }
@@ -209,4 +234,61 @@ TEST_CASE("agent: a signal while workers run is forwarded, then the agent exits 
   REQUIRE_FALSE(launcher.stop_signals.empty());
   CHECK(launcher.stop_signals.front() == SIGTERM);
   CHECK(launcher.starts.size() == 1);
+}
+
+TEST_CASE("issue 6: a malformed failure record of another node is a protocol error, exit 3",
+          "[unit]") {
+  FakeLauncher launcher([](int, int) -> std::optional<int> { return std::nullopt; });
+  FakeRendezvous rdzv;
+  auto c = config(3);
+  agent::EventLog events("", "none", 0);
+  agent::ElasticAgent a(c, rdzv, launcher, events);
+  std::thread t([&] {
+    for (int i = 0; i < 2000 && launcher.running() == 0; ++i) std::this_thread::sleep_for(1ms);
+    rdzv.hash->set("ctorchrun/none/attempt/0/failure", R"({"rank":"x","node_rank":1})");
+  });
+  auto r = a.run();
+  t.join();
+  INFO(r.message);
+  CHECK(r.exit_code == 3);
+  CHECK(r.message.find("protocol error") != std::string::npos);
+  CHECK(r.message.find("'rank'") != std::string::npos);
+  CHECK(r.message.find("attempt/0/failure") != std::string::npos);
+  CHECK(launcher.running() == 0);
+}
+
+TEST_CASE("issue 6: an error file of unexpected types is named in the summary, the restart goes on",
+          "[unit]") {
+  FakeLauncher launcher([](int, int lr) -> std::optional<int> {
+    if (lr == 1) return 5;
+    return std::nullopt;
+  });
+  launcher.error_file_content = R"({"message":{"message":123}})";
+  FakeRendezvous rdzv;
+  auto r = run_agent(launcher, rdzv, 1);
+  CHECK(r.exit_code == 1);
+  CHECK(launcher.starts.size() == 2);  // the restart happened
+  REQUIRE(r.failures.size() == 1);
+  INFO(r.failures[0].message);
+  CHECK(r.failures[0].message.find("error file unreadable: ") == 0);
+  CHECK(r.failures[0].message.find("error.json") != std::string::npos);
+  CHECK(r.failures[0].exit_code == 5);
+}
+
+TEST_CASE("issue 6: the signal relay never points at a destroyed agent, even when run() throws",
+          "[unit]") {
+  FakeLauncher launcher([](int, int) { return 0; });
+  FakeRendezvous rdzv;
+  rdzv.fail_with_bug = true;
+  auto c = config(0);
+  agent::EventLog events("", "none", 0);
+  {
+    agent::ElasticAgent a(c, rdzv, launcher, events);
+    agent::set_signal_relay(&a);
+    // A broken invariant is an internal error (exit 70 in main), never "lost
+    // the job's store".
+    CHECK_THROWS_AS(a.run(), InternalError);
+    CHECK(agent::signal_relay() == &a);
+  }
+  CHECK(agent::signal_relay() == nullptr);
 }
