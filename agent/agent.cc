@@ -151,6 +151,11 @@ class ElasticAgent::Impl {
   void check_monitor() const;
   void sync_after_stop(int attempt, bool final);
   bool exit_barrier(int attempt);  // false: a failure of this attempt appeared (restart)
+  // The other nodes for which `done(node)` is false and that have not left.
+  std::vector<int> nodes_not_yet(int attempt, const std::function<bool(int)>& done);
+  std::string node_list(const std::vector<int>& nodes) const;
+  // On the store host: waits until every other live node has left.
+  void leave_last();
   void leave();
   // False for a temporary log directory that holds no file with content.
   bool logs_worth_keeping() const;
@@ -408,9 +413,16 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
 }
 
 bool ElasticAgent::Impl::exit_barrier(int attempt) {
+  // Node-level markers tell who is still running workers; the counter lets
+  // the last node to finish release everyone with one key.
+  info_.store->set(keys::finished(attempt, info_.group_rank), "1");
   int64_t n = info_.store->add(keys::done(attempt), 1);
   if (n == info_.group_world_size) info_.store->set(keys::all_done(attempt), "1");
+  // The timeout bounds only a wait for nodes whose liveness is unknown: a node
+  // that is alive and still running workers may yet fail and restart the job,
+  // so it is waited for without limit (and the store host must outlive it).
   auto deadline = Clock::now() + c_.exit_barrier_timeout;
+  auto next_scan = Clock::now();
   for (;;) {
     try {
       info_.store->wait({keys::all_done(attempt)}, 200ms);
@@ -424,25 +436,84 @@ bool ElasticAgent::Impl::exit_barrier(int attempt) {
                  monitor_->store_error());
       return true;
     }
-    int live = info_.group_world_size;
+    if (Clock::now() < next_scan) continue;
+    next_scan = Clock::now() + 1s;
+    auto running = nodes_not_yet(
+        attempt, [&](int node) { return info_.store->check({keys::finished(attempt, node)}); });
+    if (running.empty()) return true;  // the others finished or left
     auto dead = monitor_->dead_nodes();
-    for (int node = 0; node < info_.group_world_size; ++node) {
-      bool gone = std::find(dead.begin(), dead.end(), node) != dead.end() ||
-                  (node != info_.group_rank && info_.store->check({keys::gone(node)}));
-      if (gone) --live;
+    bool any_alive =
+        monitor_->liveness_known() && std::any_of(running.begin(), running.end(), [&](int node) {
+          return std::find(dead.begin(), dead.end(), node) == dead.end();
+        });
+    if (any_alive) {
+      deadline = Clock::now() + c_.exit_barrier_timeout;
+      continue;
     }
-    int64_t finished = info_.store->add(keys::done(attempt), 0);
-    if (finished >= live) {
-      log_->warn("exit barrier: {} of {} nodes finished; the others left the job", finished,
-                 info_.group_world_size);
+    if (monitor_->liveness_known()) {
+      log_->warn(
+          "exit barrier: nodes {} stopped responding before finishing; this node's workers "
+          "succeeded",
+          node_list(running));
       return true;
     }
     if (Clock::now() >= deadline) {
       log_->warn(
-          "exit barrier timed out after {}s: {} of {} nodes finished; this node's workers "
-          "succeeded",
-          c_.exit_barrier_timeout.count() / 1000, finished, info_.group_world_size);
+          "exit barrier timed out after {}s waiting for nodes {} whose liveness is unknown; this "
+          "node's workers succeeded",
+          c_.exit_barrier_timeout.count() / 1000, node_list(running));
       return true;
+    }
+  }
+}
+
+std::vector<int> ElasticAgent::Impl::nodes_not_yet(int attempt,
+                                                   const std::function<bool(int)>& done) {
+  (void)attempt;
+  std::vector<int> out;
+  for (int node = 0; node < info_.group_world_size; ++node) {
+    if (node == info_.group_rank) continue;
+    if (done(node) || info_.store->check({keys::gone(node)})) continue;
+    out.push_back(node);
+  }
+  return out;
+}
+
+std::string ElasticAgent::Impl::node_list(const std::vector<int>& nodes) const {
+  std::string s;
+  for (int n : nodes) {
+    s += (s.empty() ? "" : ", ") + std::to_string(n) + " (" +
+         info_.nodes[static_cast<size_t>(n)].host + ")";
+  }
+  return s;
+}
+
+void ElasticAgent::Impl::leave_last() {
+  // The store host leaves last: every other node reads its outcome from the
+  // store. Alive nodes leave within moments; dead ones are not waited for,
+  // nodes of unknown liveness for at most the exit barrier timeout.
+  if (!info_.clear_worker_keys || info_.group_world_size == 1) return;
+  auto deadline = Clock::now() + c_.exit_barrier_timeout;
+  for (;;) {
+    auto staying = nodes_not_yet(0, [](int) { return false; });
+    auto dead = monitor_->dead_nodes();
+    staying.erase(std::remove_if(staying.begin(), staying.end(),
+                                 [&](int node) {
+                                   return std::find(dead.begin(), dead.end(), node) != dead.end();
+                                 }),
+                  staying.end());
+    if (staying.empty() || monitor_->store_lost()) return;
+    if (!monitor_->liveness_known() && Clock::now() >= deadline) {
+      log_->warn("leaving while nodes {} may still read the store", node_list(staying));
+      return;
+    }
+    if (monitor_->liveness_known()) deadline = Clock::now() + c_.exit_barrier_timeout;
+    std::vector<std::string> gone;
+    for (int node : staying) gone.push_back(keys::gone(node));
+    try {
+      info_.store->wait(gone, 200ms);
+      return;
+    } catch (const TimeoutError&) {
     }
   }
 }
@@ -580,6 +651,7 @@ RunResult ElasticAgent::Impl::run() {
         if (exit_barrier(k)) {
           log_->info("all workers of the job succeeded; exiting 0");
           leave();
+          leave_last();
           return finish(0, "");
         }
         outcome = Outcome::kRemoteFailure;

@@ -17,6 +17,9 @@ std::string all_stopped(int attempt) {
 std::string clean(int attempt) { return "attempt/" + std::to_string(attempt) + "/clean"; }
 std::string done(int attempt) { return "attempt/" + std::to_string(attempt) + "/done"; }
 std::string all_done(int attempt) { return "attempt/" + std::to_string(attempt) + "/all_done"; }
+std::string finished(int attempt, int node) {
+  return "attempt/" + std::to_string(attempt) + "/finished/" + std::to_string(node);
+}
 std::string gone(int node) { return "gone/" + std::to_string(node); }
 }  // namespace keys
 
@@ -91,6 +94,11 @@ std::string JobMonitor::store_error() const {
   return state_->store_error;
 }
 
+bool JobMonitor::liveness_known() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return std::chrono::steady_clock::now() - state_->last_scan < 3s;
+}
+
 std::vector<int> JobMonitor::dead_nodes() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->dead;
@@ -101,8 +109,8 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
   std::vector<int64_t> beats(static_cast<size_t>(st->nnodes), -1);
   std::vector<Clock::time_point> changed(static_cast<size_t>(st->nnodes), Clock::now());
   auto last_beat = Clock::now() - 1h;
-  auto last_scan = Clock::now();
-  bool failing = false;  // store calls keep failing since failing_since
+  auto last_scan = Clock::now() - 1h;  // the first scan at once
+  bool failing = false;                // store calls keep failing since failing_since
   Clock::time_point failing_since;
   int seen_failure_of = -1;
   auto stopped = [&] {
@@ -148,6 +156,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
         publish([&] {
           bool newly_dead = dead.size() > st->dead.size();
           st->dead = dead;
+          st->last_scan = now;
           return newly_dead;
         });
       }

@@ -37,7 +37,8 @@ std::string all_stopped(int attempt);  // set by the node that completes the cou
 std::string clean(int attempt);        // set by the host once worker keys are gone
 std::string done(int attempt);         // ADD counter: nodes whose workers all succeeded
 std::string all_done(int attempt);
-std::string gone(int node);  // set by a node that leaves for good
+std::string finished(int attempt, int node);  // node's workers all succeeded
+std::string gone(int node);                   // set by a node that leaves for good
 }  // namespace keys
 
 class JobMonitor {
@@ -58,6 +59,9 @@ class JobMonitor {
   std::optional<std::string> internal_error() const;
   // Nodes whose heartbeat stopped (and that did not say they left).
   std::vector<int> dead_nodes() const;
+  // True while the monitor reads the others' heartbeats (its last scan is
+  // recent): dead_nodes() is then current, and every other node is alive.
+  bool liveness_known() const;
 
  private:
   // Shared with the monitor's thread.
@@ -76,6 +80,7 @@ class JobMonitor {
     std::vector<std::pair<int, FailureRecord>> failures;
     std::string store_error;
     std::vector<int> dead;
+    std::chrono::steady_clock::time_point last_scan{};
     std::optional<std::string> protocol_error;
     std::optional<std::string> internal_error;
     std::condition_variable stop_cv;

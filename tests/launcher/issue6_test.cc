@@ -132,3 +132,56 @@ TEST_CASE("issue 6: node 0 hosts the store at any address of this host, refuses 
   CHECK(r.exit_code == 3);
   CHECK(contains(r.output, "no-such-host.invalid"));
 }
+
+TEST_CASE("issue 6: a node whose workers finished waits for a node still running, store host too",
+          "[multiproc]") {
+  for (int short_node : {0, 1}) {
+    TempDir d;
+    std::string port = std::to_string(free_port());
+    // The short node's worker ends at once; the long one starts its 3 s only
+    // then, so that both barriers outlast --exit_barrier_timeout many times.
+    auto node = [&](int rank) {
+      std::string body = rank == short_node ? "echo 1 > " + d.file("short_done")
+                                            : await_file(d.file("short_done")) +
+                                                  "sleep 3; echo 1 > " + d.file("long_done");
+      return start_ctorchrun(
+          concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--master_port=" + port,
+                  "--exit_barrier_timeout=0.5", "--rdzv_conf=timeout=30"},
+                 sh(body)));
+    };
+    auto n0 = node(0);
+    auto n1 = node(1);
+    int rc0 = n0->exit_code(60s), rc1 = n1->exit_code(60s);
+    std::string out0 = n0->read_all(1s), out1 = n1->read_all(1s);
+    INFO("short node " << short_node << "\nnode0:\n" << out0 << "\nnode1:\n" << out1);
+    CHECK(rc0 == 0);
+    CHECK(rc1 == 0);
+    CHECK(file_exists(d.file("long_done")));
+  }
+}
+
+TEST_CASE("issue 6: a failure after the other node finished still restarts the whole job",
+          "[multiproc]") {
+  TempDir d;
+  std::string port = std::to_string(free_port());
+  auto node = [&](int rank) {
+    // Node 0 finishes at once each attempt. Node 1 fails in attempt 0 once
+    // node 0's worker has finished, and succeeds in attempt 1.
+    std::string body = rank == 0 ? "echo $TORCHELASTIC_RESTART_COUNT > " + d.file("n0_attempt_") +
+                                       "$TORCHELASTIC_RESTART_COUNT"
+                                 : await_file(d.file("n0_attempt_0")) +
+                                       "sleep 1; [ $TORCHELASTIC_RESTART_COUNT -ge 1 ] || exit 7";
+    return start_ctorchrun(
+        concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--master_port=" + port,
+                "--max_restarts=1", "--exit_barrier_timeout=0.5", "--rdzv_conf=timeout=30"},
+               sh(body)));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  int rc0 = n0->exit_code(60s), rc1 = n1->exit_code(60s);
+  std::string out0 = n0->read_all(1s), out1 = n1->read_all(1s);
+  INFO("node0:\n" << out0 << "\nnode1:\n" << out1);
+  CHECK(rc0 == 0);
+  CHECK(rc1 == 0);
+  CHECK(file_exists(d.file("n0_attempt_1")));
+}
