@@ -9,11 +9,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "agent/failure_summary.h"
 #include "agent/job_monitor.h"
+#include "agent/protocol.h"
 #include "agent/worker_env.h"
 #include "common/error.h"
 #include "common/exit_codes.h"
@@ -64,6 +67,42 @@ struct JobEnd {
   int exit_code;
   std::string message;
 };
+
+// torchrun's keep-alive settings of --rdzv_conf: keep_alive_interval
+// (seconds, default 5) and keep_alive_max_attempt (default 3); node_timeout
+// (seconds) is their product, kept as an alias: it sets the interval when
+// keep_alive_interval is not given.
+MonitorOptions monitor_options(const std::map<std::string, std::string>& conf) {
+  auto number = [&](const char* key) -> std::optional<double> {
+    auto it = conf.find(key);
+    if (it == conf.end()) return std::nullopt;
+    char* end = nullptr;
+    double v = std::strtod(it->second.c_str(), &end);
+    if (it->second.empty() || *end != '\0' || !(v > 0) || v > 1e9) {
+      throw ConfigError(std::string("--rdzv_conf ") + key + "=" + it->second +
+                        ": expected a positive number");
+    }
+    return v;
+  };
+  MonitorOptions o;
+  if (auto n = number("keep_alive_max_attempt")) {
+    if (*n != static_cast<double>(static_cast<int>(*n))) {
+      throw ConfigError("--rdzv_conf keep_alive_max_attempt=" + conf.at("keep_alive_max_attempt") +
+                        ": expected a positive integer");
+    }
+    o.keep_alive_max_attempt = static_cast<int>(*n);
+  }
+  auto ms = [](double seconds) {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  };
+  if (auto v = number("keep_alive_interval")) {
+    o.keep_alive_interval = ms(*v);
+  } else if (auto t = number("node_timeout")) {
+    o.keep_alive_interval = ms(*t / o.keep_alive_max_attempt);
+  }
+  return o;
+}
 
 }  // namespace
 
@@ -143,16 +182,21 @@ class ElasticAgent::Impl {
   FailureRecord record_of(const worker::WorkerExit& e, int attempt) const;
   FailureRecord publish_failure(int attempt, const std::vector<FailureRecord>& local);
   void stop_workers(int sig, int attempt);
-  // Waits for `key` on the main store, bounded by the liveness of the job.
-  void await_key(const std::string& key, const char* what);
+  // Waits for `key` on the main store, bounded by the liveness of the job and
+  // a deadline; the error names the nodes missing from `set_key` (if given).
+  void await_nodes(const std::string& key, const std::string& set_key, const char* what);
+  // The node ranks listed in `key` ("0,3,"); ProtocolError when unreadable.
+  std::vector<int> node_set(const std::string& key);
+  // Adds this node to the set at `key`; true when the set is then complete.
+  bool join_set(const std::string& key);
+  // The other nodes in neither `a` nor `b`.
+  std::vector<int> others_except(const std::vector<int>& a, const std::vector<int>& b) const;
   void check_job_alive(const char* what);
   // Ends the job when the monitor met a record it cannot read (exit 3) or a
   // bug of ours (InternalError, exit 70).
   void check_monitor() const;
   void sync_after_stop(int attempt, bool final);
   bool exit_barrier(int attempt);  // false: a failure of this attempt appeared (restart)
-  // The other nodes for which `done(node)` is false and that have not left.
-  std::vector<int> nodes_not_yet(int attempt, const std::function<bool(int)>& done);
   std::string node_list(const std::vector<int>& nodes) const;
   // On the store host: waits until every other live node has left.
   void leave_last();
@@ -169,6 +213,7 @@ class ElasticAgent::Impl {
 
   rendezvous::RendezvousInfo info_;
   std::unique_ptr<JobMonitor> monitor_;
+  std::chrono::milliseconds monitor_window_{15'000};  // dead after this long silent
   int base_rank_ = 0;
   int world_size_ = 0;
   std::string host_;
@@ -305,6 +350,7 @@ ElasticAgent::Impl::Outcome ElasticAgent::Impl::watch(int attempt,
     if (monitor_->failure(attempt)) return Outcome::kRemoteFailure;
     if (monitor_->store_lost()) return Outcome::kStoreLost;
     if (!monitor_->dead_nodes().empty()) return Outcome::kNodeLost;
+    if (!monitor_->departed_nodes().empty()) return Outcome::kNodeLost;
     if (succeeded == static_cast<size_t>(c_.nproc_per_node)) return Outcome::kSucceeded;
   }
 }
@@ -361,16 +407,61 @@ void ElasticAgent::Impl::check_job_alive(const char* what) {
                                   ") stopped responding while " + what +
                                   "; a static job cannot go on without it"};
   }
-  for (int n = 0; n < info_.group_world_size; ++n) {
-    if (n != info_.group_rank && info_.store->check({keys::gone(n)})) {
-      throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
-                                    info_.nodes[static_cast<size_t>(n)].host +
-                                    ") left the job while " + what};
-    }
+  auto gone = monitor_->departed_nodes();
+  if (!gone.empty()) {
+    int n = gone.front();
+    throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
+                                  info_.nodes[static_cast<size_t>(n)].host +
+                                  ") left the job while " + what};
   }
 }
 
-void ElasticAgent::Impl::await_key(const std::string& key, const char* what) {
+std::vector<int> ElasticAgent::Impl::node_set(const std::string& key) {
+  std::vector<int> out;
+  if (!info_.store->check({key})) return out;
+  std::string raw = info_.store->get(key);
+  size_t at = 0;
+  while (at < raw.size()) {
+    size_t comma = raw.find(',', at);
+    if (comma == std::string::npos) comma = raw.size();
+    std::string item = raw.substr(at, comma - at);
+    int n = -1;
+    if (!item.empty() && item.size() < 10 &&
+        std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      n = std::stoi(item);
+    }
+    if (n < 0 || n >= info_.group_world_size) {
+      throw ProtocolError("unreadable record at key '" + key + "': '" + raw.substr(0, 200) + "'");
+    }
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+    at = comma + 1;
+  }
+  return out;
+}
+
+bool ElasticAgent::Impl::join_set(const std::string& key) {
+  info_.store->append(key, std::to_string(info_.group_rank) + ",");
+  return node_set(key).size() == static_cast<size_t>(info_.group_world_size);
+}
+
+std::vector<int> ElasticAgent::Impl::others_except(const std::vector<int>& a,
+                                                   const std::vector<int>& b) const {
+  std::vector<int> out;
+  for (int n = 0; n < info_.group_world_size; ++n) {
+    if (n == info_.group_rank) continue;
+    if (std::find(a.begin(), a.end(), n) != a.end()) continue;
+    if (std::find(b.begin(), b.end(), n) != b.end()) continue;
+    out.push_back(n);
+  }
+  return out;
+}
+
+void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& set_key,
+                                     const char* what) {
+  // Live nodes answer within the shutdown timeout; dead or departed ones end
+  // the wait through check_job_alive. The deadline is the last resort.
+  const auto bound = c_.shutdown_timeout + monitor_window_ + 30s;
+  const auto deadline = Clock::now() + bound;
   for (;;) {
     try {
       info_.store->wait({key}, 200ms);
@@ -378,12 +469,20 @@ void ElasticAgent::Impl::await_key(const std::string& key, const char* what) {
     } catch (const TimeoutError&) {
     }
     check_job_alive(what);
+    if (Clock::now() >= deadline) {
+      std::vector<int> reported = set_key.empty() ? std::vector<int>{} : node_set(set_key);
+      auto missing = others_except(reported, {});
+      throw JobEnd{
+          kRendezvous,
+          "timed out after " +
+              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(bound).count()) +
+              "s " + what + " (key '" + key + "'); waiting for nodes " + node_list(missing)};
+    }
   }
 }
 
 void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
-  int64_t n = info_.store->add(keys::stopped(attempt), 1);
-  if (n == info_.group_world_size) info_.store->set(keys::all_stopped(attempt), "1");
+  if (join_set(keys::stopped(attempt))) info_.store->set(keys::all_stopped(attempt), "1");
   if (final) {
     // The host keeps the store up until every node has read the failure.
     if (info_.clear_worker_keys) {
@@ -400,7 +499,8 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
     }
     return;
   }
-  await_key(keys::all_stopped(attempt), "waiting for every node to stop its workers");
+  await_nodes(keys::all_stopped(attempt), keys::stopped(attempt),
+              "waiting for every node to stop its workers");
   if (info_.clear_worker_keys) {
     // No key written by this attempt's workers may be read by the next one's
     // (torch 2.6+ workers use no attempt prefix).
@@ -408,16 +508,13 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
     log_->debug("removed {} keys of attempt {} from the store", removed, attempt);
     info_.store->set(keys::clean(attempt), "1");
   } else {
-    await_key(keys::clean(attempt), "waiting for node 0 to clear the store");
+    await_nodes(keys::clean(attempt), "", "waiting for node 0 to clear the store");
   }
 }
 
 bool ElasticAgent::Impl::exit_barrier(int attempt) {
-  // Node-level markers tell who is still running workers; the counter lets
-  // the last node to finish release everyone with one key.
-  info_.store->set(keys::finished(attempt, info_.group_rank), "1");
-  int64_t n = info_.store->add(keys::done(attempt), 1);
-  if (n == info_.group_world_size) info_.store->set(keys::all_done(attempt), "1");
+  // The node that completes the set of finished nodes releases everyone.
+  if (join_set(keys::finished(attempt))) info_.store->set(keys::all_done(attempt), "1");
   // The timeout bounds only a wait for nodes whose liveness is unknown: a node
   // that is alive and still running workers may yet fail and restart the job,
   // so it is waited for without limit (and the store host must outlive it).
@@ -438,19 +535,19 @@ bool ElasticAgent::Impl::exit_barrier(int attempt) {
     }
     if (Clock::now() < next_scan) continue;
     next_scan = Clock::now() + 1s;
-    auto running = nodes_not_yet(
-        attempt, [&](int node) { return info_.store->check({keys::finished(attempt, node)}); });
+    // One store request: the others are known from the monitor's view.
+    auto running = others_except(node_set(keys::finished(attempt)), monitor_->departed_nodes());
     if (running.empty()) return true;  // the others finished or left
     auto dead = monitor_->dead_nodes();
-    bool any_alive =
-        monitor_->liveness_known() && std::any_of(running.begin(), running.end(), [&](int node) {
-          return std::find(dead.begin(), dead.end(), node) == dead.end();
-        });
+    const bool known = monitor_->liveness_known();
+    bool any_alive = known && std::any_of(running.begin(), running.end(), [&](int node) {
+                       return std::find(dead.begin(), dead.end(), node) == dead.end();
+                     });
     if (any_alive) {
       deadline = Clock::now() + c_.exit_barrier_timeout;
       continue;
     }
-    if (monitor_->liveness_known()) {
+    if (known) {
       log_->warn(
           "exit barrier: nodes {} stopped responding before finishing; this node's workers "
           "succeeded",
@@ -467,18 +564,6 @@ bool ElasticAgent::Impl::exit_barrier(int attempt) {
   }
 }
 
-std::vector<int> ElasticAgent::Impl::nodes_not_yet(int attempt,
-                                                   const std::function<bool(int)>& done) {
-  (void)attempt;
-  std::vector<int> out;
-  for (int node = 0; node < info_.group_world_size; ++node) {
-    if (node == info_.group_rank) continue;
-    if (done(node) || info_.store->check({keys::gone(node)})) continue;
-    out.push_back(node);
-  }
-  return out;
-}
-
 std::string ElasticAgent::Impl::node_list(const std::vector<int>& nodes) const {
   std::string s;
   for (int n : nodes) {
@@ -490,24 +575,20 @@ std::string ElasticAgent::Impl::node_list(const std::vector<int>& nodes) const {
 
 void ElasticAgent::Impl::leave_last() {
   // The store host leaves last: every other node reads its outcome from the
-  // store. Alive nodes leave within moments; dead ones are not waited for,
+  // store. Live nodes leave within moments; dead ones are not waited for,
   // nodes of unknown liveness for at most the exit barrier timeout.
   if (!info_.clear_worker_keys || info_.group_world_size == 1) return;
   auto deadline = Clock::now() + c_.exit_barrier_timeout;
   for (;;) {
-    auto staying = nodes_not_yet(0, [](int) { return false; });
-    auto dead = monitor_->dead_nodes();
-    staying.erase(std::remove_if(staying.begin(), staying.end(),
-                                 [&](int node) {
-                                   return std::find(dead.begin(), dead.end(), node) != dead.end();
-                                 }),
-                  staying.end());
+    auto staying = others_except(monitor_->departed_nodes(), monitor_->dead_nodes());
     if (staying.empty() || monitor_->store_lost()) return;
-    if (!monitor_->liveness_known() && Clock::now() >= deadline) {
+    const bool known = monitor_->liveness_known();
+    if (!known && Clock::now() >= deadline) {
       log_->warn("leaving while nodes {} may still read the store", node_list(staying));
       return;
     }
-    if (monitor_->liveness_known()) deadline = Clock::now() + c_.exit_barrier_timeout;
+    if (known) deadline = Clock::now() + c_.exit_barrier_timeout;
+    // The host's own store: one wait for every gone key it still misses.
     std::vector<std::string> gone;
     for (int node : staying) gone.push_back(keys::gone(node));
     try {
@@ -599,13 +680,17 @@ RunResult ElasticAgent::Impl::run() {
                     {"master_port", info_.master_port}});
     }
     make_run_dir();
-    auto node_timeout = 15'000ms;
-    if (auto it = c_.rdzv_conf.find("node_timeout"); it != c_.rdzv_conf.end()) {
-      node_timeout = std::chrono::milliseconds(static_cast<int64_t>(std::stod(it->second) * 1000));
+    MonitorOptions mo;
+    try {
+      mo = monitor_options(c_.rdzv_conf);
+    } catch (const ConfigError& e) {
+      throw JobEnd{kUsage, e.what()};
     }
-    monitor_ = std::make_unique<JobMonitor>(
-        info_.connect, info_.group_rank, info_.group_world_size, [this] { launcher_.wake(); },
-        node_timeout, 5s);
+    mo.node = info_.group_rank;
+    mo.nnodes = info_.group_world_size;
+    mo.hosts_store = static_cast<bool>(info_.clear_worker_keys);
+    monitor_window_ = mo.liveness_window();
+    monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
 
     for (attempt_ = 0;; ++attempt_) {
       const int k = attempt_;

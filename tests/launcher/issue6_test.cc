@@ -185,3 +185,28 @@ TEST_CASE("issue 6: a failure after the other node finished still restarts the w
   CHECK(rc1 == 0);
   CHECK(file_exists(d.file("n0_attempt_1")));
 }
+
+TEST_CASE("issue 6: the store host declares a frozen node dead after the keep-alive window",
+          "[multiproc]") {
+  TempDir d;
+  std::string port = std::to_string(free_port());
+  auto node = [&](int rank) {
+    return start_ctorchrun(
+        concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--master_port=" + port,
+                "--rdzv_conf=timeout=30,keep_alive_interval=0.2,keep_alive_max_attempt=3"},
+               sh("echo $$ > " + d.file("pid_$RANK") + "; exec sleep 60")));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  REQUIRE(wait_for_file(d.file("pid_0"), 30s));
+  REQUIRE(wait_for_file(d.file("pid_1"), 30s));
+  n1->signal(SIGSTOP);
+  int rc0 = n0->exit_code(60s);
+  n1->signal(SIGKILL);
+  std::string out0 = n0->read_all(1s);
+  INFO(out0);
+  CHECK(rc0 == 3);
+  CHECK(out0.find("node 1 (") != std::string::npos);
+  CHECK(out0.find("stopped responding") != std::string::npos);
+  CHECK(process_gone_within(std::stoi(read_file(d.file("pid_0"))), 5s));
+}
