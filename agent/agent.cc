@@ -174,11 +174,34 @@ class ElasticAgent::Impl {
   void on_signal(int sig);
 
  private:
-  enum class Outcome { kSucceeded, kLocalFailure, kRemoteFailure, kSignal, kStoreLost, kNodeLost };
+  // What watching the local workers of one attempt ended with.
+  enum class WatchResult { kSucceeded, kLocalFailure, kRemoteFailure, kSignal, kJobBroken };
+  // What one attempt of the job ended with, job-wide.
+  struct AttemptOutcome {
+    enum Kind {
+      kSucceeded,  // every node's workers succeeded (exit barrier passed)
+      kFailed,     // a worker somewhere failed: `root` is the job's root cause
+      kSignal,     // this agent received `signal`
+      kJobBroken,  // the store was lost, or a node died or left
+    } kind = kJobBroken;
+    int signal = 0;
+    FailureRecord root;
+    std::vector<FailureRecord> local;  // this node's failed workers
+  };
+
+  // Rendezvous, ranks, log directory, monitor.
+  void join();
+  void start_workers(int attempt);
+  // Starts the workers of `attempt`, watches them and, on local success,
+  // passes the exit barrier. Never decides what comes next.
+  AttemptOutcome run_attempt(int attempt);
+  // Acts on an attempt's outcome: the RunResult to end with, or nullopt to
+  // run the next attempt.
+  std::optional<RunResult> settle(int attempt, const AttemptOutcome& outcome);
 
   void make_run_dir();
   std::vector<worker::WorkerSpec> worker_specs(int attempt);
-  Outcome watch(int attempt, std::vector<FailureRecord>* local_failures);
+  WatchResult watch(int attempt, std::vector<FailureRecord>* local_failures);
   FailureRecord record_of(const worker::WorkerExit& e, int attempt) const;
   FailureRecord publish_failure(int attempt, const std::vector<FailureRecord>& local);
   void stop_workers(int sig, int attempt);
@@ -324,8 +347,8 @@ FailureRecord ElasticAgent::Impl::record_of(const worker::WorkerExit& e, int att
   return f;
 }
 
-ElasticAgent::Impl::Outcome ElasticAgent::Impl::watch(int attempt,
-                                                      std::vector<FailureRecord>* local_failures) {
+ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
+    int attempt, std::vector<FailureRecord>* local_failures) {
   size_t succeeded = 0;
   for (;;) {
     auto exits = launcher_.wait(Clock::now() + 1s);
@@ -344,14 +367,15 @@ ElasticAgent::Impl::Outcome ElasticAgent::Impl::watch(int attempt,
         ++succeeded;
       }
     }
-    if (!local_failures->empty()) return Outcome::kLocalFailure;
-    if (pending_signal_) return Outcome::kSignal;
+    if (!local_failures->empty()) return WatchResult::kLocalFailure;
+    if (pending_signal_) return WatchResult::kSignal;
     check_monitor();
-    if (monitor_->failure(attempt)) return Outcome::kRemoteFailure;
-    if (monitor_->store_lost()) return Outcome::kStoreLost;
-    if (!monitor_->dead_nodes().empty()) return Outcome::kNodeLost;
-    if (!monitor_->departed_nodes().empty()) return Outcome::kNodeLost;
-    if (succeeded == static_cast<size_t>(c_.nproc_per_node)) return Outcome::kSucceeded;
+    if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
+    if (monitor_->store_lost() || !monitor_->dead_nodes().empty() ||
+        !monitor_->departed_nodes().empty()) {
+      return WatchResult::kJobBroken;
+    }
+    if (succeeded == static_cast<size_t>(c_.nproc_per_node)) return WatchResult::kSucceeded;
   }
 }
 
@@ -629,6 +653,179 @@ RunResult ElasticAgent::Impl::finish(int code, std::string message) {
   return RunResult{code, std::move(message), {}};
 }
 
+void ElasticAgent::Impl::join() {
+  try {
+    info_ = rdzv_.next_rendezvous();
+  } catch (const ConfigError& e) {
+    throw JobEnd{kUsage, e.what()};
+  } catch (const TimeoutError& e) {
+    throw JobEnd{kRendezvous, e.what()};
+  } catch (const IoError& e) {
+    throw JobEnd{kNetwork, e.what()};
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error& e) {
+    throw JobEnd{kRendezvous, std::string("rendezvous failed: ") + e.what()};
+  }
+  const auto& me = info_.nodes.at(static_cast<size_t>(info_.group_rank));
+  if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
+  std::vector<int> sizes;
+  for (const auto& n : info_.nodes) sizes.push_back(n.local_world_size);
+  base_rank_ = base_global_rank(sizes, info_.group_rank);
+  world_size_ = 0;
+  for (int s : sizes) world_size_ += s;
+  std::string table;
+  int r = 0;
+  for (const auto& n : info_.nodes) {
+    table += (table.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.group_rank) +
+             " (" + n.host + ") ranks " + std::to_string(r) + "-" +
+             std::to_string(r + n.local_world_size - 1);
+    r += n.local_world_size;
+  }
+  log_->info(
+      "rendezvous complete: run_id={} group_rank={} group_world_size={} world_size={} "
+      "master={}:{}; {}",
+      c_.run_id, info_.group_rank, info_.group_world_size, world_size_, info_.master_addr,
+      info_.master_port, table);
+  events_.emit("rendezvous", 0,
+               {{"group_rank", info_.group_rank},
+                {"group_world_size", info_.group_world_size},
+                {"world_size", world_size_},
+                {"master_addr", info_.master_addr},
+                {"master_port", info_.master_port}});
+  make_run_dir();
+  MonitorOptions mo;
+  try {
+    mo = monitor_options(c_.rdzv_conf);
+  } catch (const ConfigError& e) {
+    throw JobEnd{kUsage, e.what()};
+  }
+  mo.node = info_.group_rank;
+  mo.nnodes = info_.group_world_size;
+  mo.hosts_store = static_cast<bool>(info_.clear_worker_keys);
+  monitor_window_ = mo.liveness_window();
+  monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
+}
+
+void ElasticAgent::Impl::start_workers(int k) {
+  auto specs = worker_specs(k);
+  {
+    std::lock_guard<std::mutex> lock(phase_mutex_);
+    workers_running_ = true;
+  }
+  std::vector<pid_t> pids;
+  try {
+    pids = launcher_.start(specs);
+  } catch (const IoError& e) {
+    // The others must not wait for workers that never start.
+    FailureRecord f;
+    f.rank = base_rank_;
+    f.node_rank = info_.group_rank;
+    f.host = host_;
+    f.exit_code = 127;
+    f.message = e.what();
+    f.attempt = k;
+    info_.store->compare_set(keys::failure(k), "", f.to_json());
+    stop_workers(SIGKILL, k);
+    throw JobEnd{kUsage, e.what()};
+  }
+  std::string list;
+  for (size_t i = 0; i < pids.size(); ++i) list += (i ? " " : "") + std::to_string(pids[i]);
+  log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(), base_rank_,
+             base_rank_ + c_.nproc_per_node - 1, list);
+  events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
+}
+
+ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
+  monitor_->watch_attempt(k);
+  start_workers(k);
+  AttemptOutcome out;
+  switch (watch(k, &out.local)) {
+    case WatchResult::kSucceeded:
+      stop_workers(SIGTERM, k);  // no worker runs: clears leftovers, updates the phase
+      if (int sig = pending_signal_) {
+        out.kind = AttemptOutcome::kSignal;
+        out.signal = sig;
+        return out;
+      }
+      if (exit_barrier(k)) {
+        out.kind = AttemptOutcome::kSucceeded;
+        return out;
+      }
+      // Another node failed while this one waited: the job's attempt failed.
+      out.kind = AttemptOutcome::kFailed;
+      out.root = *monitor_->failure(k);
+      return out;
+    case WatchResult::kLocalFailure:
+      out.kind = AttemptOutcome::kFailed;
+      out.root = publish_failure(k, out.local);
+      return out;
+    case WatchResult::kRemoteFailure:
+      out.kind = AttemptOutcome::kFailed;
+      out.root = *monitor_->failure(k);
+      return out;
+    case WatchResult::kSignal:
+      out.kind = AttemptOutcome::kSignal;
+      out.signal = pending_signal_;
+      return out;
+    case WatchResult::kJobBroken:
+      out.kind = AttemptOutcome::kJobBroken;
+      return out;
+  }
+  CTORCHRUN_CHECK(false, "unhandled watch result");
+}
+
+std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome& out) {
+  switch (out.kind) {
+    case AttemptOutcome::kSucceeded:
+      log_->info("all workers of the job succeeded; exiting 0");
+      leave();
+      leave_last();
+      return finish(0, "");
+    case AttemptOutcome::kSignal:
+      stop_workers(out.signal, k);
+      leave();
+      return finish(128 + out.signal, "stopped by " + signal_name(out.signal));
+    case AttemptOutcome::kJobBroken:
+      stop_workers(SIGTERM, k);
+      check_job_alive("running workers");  // throws JobEnd naming the cause
+      CTORCHRUN_CHECK(false, "the job ended with no cause");
+    case AttemptOutcome::kFailed:
+      break;
+  }
+  // A failure somewhere in the job: every node stops its workers.
+  const FailureRecord& root = out.root;
+  events_.emit("attempt_failed", k,
+               {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
+  stop_workers(SIGTERM, k);
+  if (int sig = pending_signal_) {
+    leave();
+    return finish(128 + sig, "stopped by " + signal_name(sig));
+  }
+  const bool final = k >= c_.max_restarts;
+  sync_after_stop(k, final);
+  if (!final) {
+    log_->warn(
+        "rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
+        "(restart {}/{})",
+        root.rank, root.local_rank, root.node_rank, root.cause(), k + 1, c_.max_restarts);
+    events_.emit("restart", k + 1, {{"restart", k + 1}, {"max_restarts", c_.max_restarts}});
+    return std::nullopt;
+  }
+  const bool here = root.node_rank == info_.group_rank;
+  std::string msg = "job failed after " + std::to_string(k) + "/" +
+                    std::to_string(c_.max_restarts) + " restarts: rank " +
+                    std::to_string(root.rank) + " (local_rank " + std::to_string(root.local_rank) +
+                    " on node " + std::to_string(root.node_rank) + ", " + root.host + ", pid " +
+                    std::to_string(root.pid) + ") failed with " + root.cause() +
+                    (here ? "" : " (summary on that node)") +
+                    (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
+  leave();
+  RunResult r = finish(kFailed, msg);
+  if (here) r.failures = out.local.empty() ? std::vector<FailureRecord>{root} : out.local;
+  return r;
+}
+
 RunResult ElasticAgent::Impl::run() {
   host_ = c_.local_addr.empty() ? hostname() : c_.local_addr;
   log_->info(
@@ -637,170 +834,18 @@ RunResult ElasticAgent::Impl::run() {
       c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
       c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port), c_.run_id,
       c_.max_restarts, c_.entrypoint_name);
+  // The boundary of the agent: failures of the world become a RunResult, a
+  // bug of ours an InternalError for main (exit 70); no worker outlives either.
   try {
-    try {
-      info_ = rdzv_.next_rendezvous();
-    } catch (const ConfigError& e) {
-      throw JobEnd{kUsage, e.what()};
-    } catch (const TimeoutError& e) {
-      throw JobEnd{kRendezvous, e.what()};
-    } catch (const IoError& e) {
-      throw JobEnd{kNetwork, e.what()};
-    } catch (const InternalError&) {
-      throw;
-    } catch (const Error& e) {
-      throw JobEnd{kRendezvous, std::string("rendezvous failed: ") + e.what()};
-    }
-    const auto& me = info_.nodes.at(static_cast<size_t>(info_.group_rank));
-    if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
-    std::vector<int> sizes;
-    for (const auto& n : info_.nodes) sizes.push_back(n.local_world_size);
-    base_rank_ = base_global_rank(sizes, info_.group_rank);
-    world_size_ = 0;
-    for (int s : sizes) world_size_ += s;
-    {
-      std::string table;
-      int r = 0;
-      for (const auto& n : info_.nodes) {
-        table += (table.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.group_rank) +
-                 " (" + n.host + ") ranks " + std::to_string(r) + "-" +
-                 std::to_string(r + n.local_world_size - 1);
-        r += n.local_world_size;
-      }
-      log_->info(
-          "rendezvous complete: run_id={} group_rank={} group_world_size={} world_size={} "
-          "master={}:{}; {}",
-          c_.run_id, info_.group_rank, info_.group_world_size, world_size_, info_.master_addr,
-          info_.master_port, table);
-      events_.emit("rendezvous", 0,
-                   {{"group_rank", info_.group_rank},
-                    {"group_world_size", info_.group_world_size},
-                    {"world_size", world_size_},
-                    {"master_addr", info_.master_addr},
-                    {"master_port", info_.master_port}});
-    }
-    make_run_dir();
-    MonitorOptions mo;
-    try {
-      mo = monitor_options(c_.rdzv_conf);
-    } catch (const ConfigError& e) {
-      throw JobEnd{kUsage, e.what()};
-    }
-    mo.node = info_.group_rank;
-    mo.nnodes = info_.group_world_size;
-    mo.hosts_store = static_cast<bool>(info_.clear_worker_keys);
-    monitor_window_ = mo.liveness_window();
-    monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
-
+    join();
     for (attempt_ = 0;; ++attempt_) {
-      const int k = attempt_;
-      monitor_->watch_attempt(k);
-      auto specs = worker_specs(k);
-      {
-        std::lock_guard<std::mutex> lock(phase_mutex_);
-        workers_running_ = true;
-      }
-      std::vector<pid_t> pids;
-      try {
-        pids = launcher_.start(specs);
-      } catch (const IoError& e) {
-        FailureRecord f;
-        f.rank = base_rank_;
-        f.node_rank = info_.group_rank;
-        f.host = host_;
-        f.exit_code = 127;
-        f.message = e.what();
-        f.attempt = k;
-        info_.store->compare_set(keys::failure(k), "", f.to_json());
-        stop_workers(SIGKILL, k);
-        throw JobEnd{kUsage, e.what()};
-      }
-      {
-        std::string list;
-        for (size_t i = 0; i < pids.size(); ++i) {
-          list += (i ? " " : "") + std::to_string(pids[i]);
-        }
-        log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(),
-                   base_rank_, base_rank_ + c_.nproc_per_node - 1, list);
-        events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
-      }
-
-      std::vector<FailureRecord> local;
-      Outcome outcome = watch(k, &local);
-      if (outcome == Outcome::kSucceeded) {
-        stop_workers(SIGTERM, k);  // no worker runs: clears leftovers, updates the phase
-        if (int sig = pending_signal_) {
-          leave();
-          return finish(128 + sig, "stopped by " + signal_name(sig));
-        }
-        if (exit_barrier(k)) {
-          log_->info("all workers of the job succeeded; exiting 0");
-          leave();
-          leave_last();
-          return finish(0, "");
-        }
-        outcome = Outcome::kRemoteFailure;
-      }
-      switch (outcome) {
-        case Outcome::kSignal: {
-          int sig = pending_signal_;
-          stop_workers(sig, k);
-          leave();
-          return finish(128 + sig, "stopped by " + signal_name(sig));
-        }
-        case Outcome::kStoreLost:
-          stop_workers(SIGTERM, k);
-          check_job_alive("running workers");  // throws with the cause
-          throw JobEnd{kRendezvous, "lost the job's store"};
-        case Outcome::kNodeLost:
-          stop_workers(SIGTERM, k);
-          check_job_alive("running workers");
-          throw JobEnd{kRendezvous, "lost a node"};
-        default:
-          break;
-      }
-
-      // A failure somewhere in the job: every node stops its workers.
-      FailureRecord root =
-          outcome == Outcome::kLocalFailure ? publish_failure(k, local) : *monitor_->failure(k);
-      events_.emit(
-          "attempt_failed", k,
-          {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
-      stop_workers(SIGTERM, k);
-      if (pending_signal_) {
-        int sig = pending_signal_;
-        leave();
-        return finish(128 + sig, "stopped by " + signal_name(sig));
-      }
-      const bool final = k >= c_.max_restarts;
-      sync_after_stop(k, final);
-      if (final) {
-        std::string msg =
-            "job failed after " + std::to_string(k) + "/" + std::to_string(c_.max_restarts) +
-            " restarts: rank " + std::to_string(root.rank) + " (local_rank " +
-            std::to_string(root.local_rank) + " on node " + std::to_string(root.node_rank) + ", " +
-            root.host + ", pid " + std::to_string(root.pid) + ") failed with " + root.cause() +
-            (root.node_rank == info_.group_rank ? "" : " (summary on that node)") +
-            (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
-        leave();
-        RunResult r = finish(kFailed, msg);
-        if (root.node_rank == info_.group_rank) {
-          r.failures = local.empty() ? std::vector<FailureRecord>{root} : local;
-        }
-        return r;
-      }
-      log_->warn(
-          "rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
-          "(restart {}/{})",
-          root.rank, root.local_rank, root.node_rank, root.cause(), k + 1, c_.max_restarts);
-      events_.emit("restart", k + 1, {{"restart", k + 1}, {"max_restarts", c_.max_restarts}});
+      if (auto result = settle(attempt_, run_attempt(attempt_))) return *result;
     }
   } catch (const JobEnd& end) {
     if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
     leave();
     return finish(end.exit_code, end.message);
   } catch (const InternalError&) {
-    // A bug of ours: main reports it (exit 70); no worker outlives it.
     stop_workers(SIGKILL, attempt_);
     throw;
   } catch (const ProtocolError& e) {
