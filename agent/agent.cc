@@ -371,9 +371,18 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
     if (pending_signal_) return WatchResult::kSignal;
     check_monitor();
     if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
-    if (monitor_->store_lost() || !monitor_->dead_nodes().empty() ||
-        !monitor_->departed_nodes().empty()) {
+    if (monitor_->store_lost() || !monitor_->dead_nodes().empty()) {
       return WatchResult::kJobBroken;
+    }
+    if (auto gone = monitor_->departed_nodes(); !gone.empty()) {
+      // A node whose workers of this attempt succeeded may leave after its
+      // exit barrier (liveness unknown too long): this node's workers go on.
+      auto finished = node_set(keys::finished(attempt));
+      if (std::any_of(gone.begin(), gone.end(), [&](int n) {
+            return std::find(finished.begin(), finished.end(), n) == finished.end();
+          })) {
+        return WatchResult::kJobBroken;
+      }
     }
     if (succeeded == static_cast<size_t>(c_.nproc_per_node)) return WatchResult::kSucceeded;
   }

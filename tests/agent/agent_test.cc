@@ -91,6 +91,19 @@ class FakeLauncher : public worker::Launcher {
     std::lock_guard<std::mutex> lock(mutex_);
     return running_.size();
   }
+  // Every running worker exits with `code` now.
+  void finish_all(int code) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int lr : running_) {
+      worker::WorkerExit e;
+      e.local_rank = lr;
+      e.exit_code = code;
+      e.time = std::chrono::system_clock::now();
+      pending_.push_back(e);
+    }
+    running_.clear();
+    cv_.notify_all();
+  }
 
   std::vector<std::vector<worker::WorkerSpec>> starts;
   std::vector<int> stop_signals;
@@ -117,11 +130,14 @@ class FakeRendezvous : public rendezvous::Handler {
     info.store = ns;
     info.connect = [ns] { return ns; };
     info.namespace_prefix = "ctorchrun/";
-    info.group_rank = 0;
-    info.group_world_size = 1;
-    info.nodes = {rendezvous::NodeInfo{0, 2, 0, "fakehost", 1}};
+    info.group_rank = rank;
+    info.group_world_size = world;
+    for (int n = 0; n < world; ++n) {
+      info.nodes.push_back(rendezvous::NodeInfo{n, 2, 0, "fakehost" + std::to_string(n), 1});
+    }
     info.master_addr = "127.0.0.1";
     info.master_port = 1234;
+    if (rank != 0) return info;  // only node 0 hosts the store
     info.clear_worker_keys = [this] {
       ++clears;
       hash->set("worker-key-seen-by-next-attempt", "");
@@ -134,6 +150,8 @@ class FakeRendezvous : public rendezvous::Handler {
   std::shared_ptr<store::HashStore> hash = std::make_shared<store::HashStore>();
   int clears = 0;
   bool fail_with_bug = false;
+  int rank = 0;   // this node's group rank; 0 hosts the store
+  int world = 1;  // nodes in the job; the test plays the others
 
  private:
   std::string id_ = "none";
@@ -291,4 +309,57 @@ TEST_CASE("issue 6: the signal relay never points at a destroyed agent, even whe
     CHECK(agent::signal_relay() == &a);
   }
   CHECK(agent::signal_relay() == nullptr);
+}
+
+namespace {
+
+// Node 1 of two, with node 0 played by the test through the store.
+struct SecondNode {
+  SecondNode() {
+    rdzv.rank = 1;
+    rdzv.world = 2;
+    c.rdzv_conf["keep_alive_interval"] = "0.01";
+  }
+  void set(const std::string& key, const std::string& value) {
+    rdzv.hash->set("ctorchrun/none/" + key, value);
+  }
+  FakeLauncher launcher{[](int, int) -> std::optional<int> { return std::nullopt; }};
+  FakeRendezvous rdzv;
+  agent::LaunchConfig c = config(0);
+  agent::EventLog events{"", "none", 1};
+};
+
+}  // namespace
+
+TEST_CASE("issue 6: a node that left after finishing does not end the workers of another",
+          "[unit]") {
+  SecondNode n;
+  agent::ElasticAgent a(n.c, n.rdzv, n.launcher, n.events);
+  agent::RunResult r;
+  std::thread t([&] { r = a.run(); });
+  for (int i = 0; i < 5000 && n.launcher.running() == 0; ++i) std::this_thread::sleep_for(1ms);
+  // Node 0 finished attempt 0 and left; this node's workers still run.
+  n.set("attempt/0/finished", "0,");
+  n.set("liveness", R"({"seq":1,"dead":[],"gone":[0]})");
+  std::this_thread::sleep_for(100ms);
+  CHECK(n.launcher.running() == 2);
+  n.launcher.finish_all(0);
+  t.join();
+  INFO(r.message);
+  CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("issue 6: a node that left without finishing ends a static job with exit 3 naming it",
+          "[unit]") {
+  SecondNode n;
+  agent::ElasticAgent a(n.c, n.rdzv, n.launcher, n.events);
+  agent::RunResult r;
+  std::thread t([&] { r = a.run(); });
+  for (int i = 0; i < 5000 && n.launcher.running() == 0; ++i) std::this_thread::sleep_for(1ms);
+  n.set("liveness", R"({"seq":1,"dead":[],"gone":[0]})");
+  t.join();
+  INFO(r.message);
+  CHECK(r.exit_code == 3);
+  CHECK(r.message.find("node 0 (fakehost0) left the job") != std::string::npos);
+  CHECK(n.launcher.running() == 0);
 }
