@@ -9,13 +9,17 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "agent/failure_summary.h"
 #include "agent/job_monitor.h"
+#include "agent/protocol.h"
 #include "agent/worker_env.h"
 #include "common/error.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 #include "rendezvous/static_handler.h"
 #include "worker/console.h"
@@ -29,11 +33,10 @@ using worker::signal_name;
 
 namespace {
 
-// Exit codes (the contract is cli/exit_codes.h; the agent must not include cli/).
-constexpr int kFailed = 1;
-constexpr int kUsage = 2;
-constexpr int kRendezvous = 3;
-constexpr int kNetwork = 4;
+constexpr int kFailed = kExitWorkersFailed;
+constexpr int kUsage = kExitUsage;
+constexpr int kRendezvous = kExitRendezvous;
+constexpr int kNetwork = kExitStoreNetwork;
 
 std::string random_suffix() {
   static const char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
@@ -53,14 +56,32 @@ int64_t epoch_seconds(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
 }
 
-// The relay signals go to; null: exit at once.
-std::atomic<SignalRelay*> g_relay{nullptr};
+// The relay signals go to; null: exit at once. The signal thread calls the
+// relay with the mutex held, so that clearing it (set_signal_relay(nullptr),
+// ~ElasticAgent) waits for a call in progress and no call reaches a
+// destroyed agent.
+std::mutex g_relay_mutex;
+SignalRelay* g_relay = nullptr;
 
 // Thrown inside the loop when the job cannot go on; carries the exit code.
 struct JobEnd {
   int exit_code;
   std::string message;
 };
+
+// torchrun's keep-alive settings of --rdzv_conf: keep_alive_interval
+// (seconds, default 5) and keep_alive_max_attempt (default 3); node_timeout
+// (seconds) is their product, kept as an alias: it sets the interval when
+// keep_alive_interval is not given.
+// Liveness from the validated --rdzv_conf keys: node_timeout (by default
+// keep_alive_interval * keep_alive_max_attempt) split into that many beats.
+MonitorOptions monitor_options(const LaunchConfig& c) {
+  MonitorOptions o;
+  o.keep_alive_max_attempt = c.keep_alive_max_attempt;
+  o.keep_alive_interval =
+      std::max(std::chrono::milliseconds(1), c.node_timeout / c.keep_alive_max_attempt);
+  return o;
+}
 
 }  // namespace
 
@@ -89,9 +110,19 @@ void start_signal_thread(const std::vector<int>& signals) {
     for (;;) {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) continue;
-      if (SignalRelay* relay = g_relay.load()) {
-        relay->on_signal(sig);
+      std::unique_lock<std::mutex> lock(g_relay_mutex);
+      if (g_relay) {
+        try {
+          g_relay->on_signal(sig);
+        } catch (const std::exception& e) {
+          // The thread's boundary: a signal still ends the launcher.
+          get_logger("agent")->error("handling {} failed: {}; exiting with {}", signal_name(sig),
+                                     e.what(), 128 + sig);
+          spdlog::shutdown();
+          std::_Exit(128 + sig);
+        }
       } else {
+        lock.unlock();
         get_logger("agent")->warn("received {}; exiting with {}", signal_name(sig), 128 + sig);
         worker::Console::flush(worker::Console::kExitStall);
         spdlog::shutdown();
@@ -101,7 +132,15 @@ void start_signal_thread(const std::vector<int>& signals) {
   }).detach();
 }
 
-void set_signal_relay(SignalRelay* relay) { g_relay = relay; }
+void set_signal_relay(SignalRelay* relay) {
+  std::lock_guard<std::mutex> lock(g_relay_mutex);
+  g_relay = relay;
+}
+
+SignalRelay* signal_relay() {
+  std::lock_guard<std::mutex> lock(g_relay_mutex);
+  return g_relay;
+}
 
 // ---------------------------------------------------------------------------
 
@@ -115,19 +154,55 @@ class ElasticAgent::Impl {
   void on_signal(int sig);
 
  private:
-  enum class Outcome { kSucceeded, kLocalFailure, kRemoteFailure, kSignal, kStoreLost, kNodeLost };
+  // What watching the local workers of one attempt ended with.
+  enum class WatchResult { kSucceeded, kLocalFailure, kRemoteFailure, kSignal, kJobBroken };
+  // What one attempt of the job ended with, job-wide.
+  struct AttemptOutcome {
+    enum Kind {
+      kSucceeded,  // every node's workers succeeded (exit barrier passed)
+      kFailed,     // a worker somewhere failed: `root` is the job's root cause
+      kSignal,     // this agent received `signal`
+      kJobBroken,  // the store was lost, or a node died or left
+    } kind = kJobBroken;
+    int signal = 0;
+    FailureRecord root;
+    std::vector<FailureRecord> local;  // this node's failed workers
+  };
+
+  // Rendezvous, ranks, log directory, monitor.
+  void join();
+  void start_workers(int attempt);
+  // Starts the workers of `attempt`, watches them and, on local success,
+  // passes the exit barrier. Never decides what comes next.
+  AttemptOutcome run_attempt(int attempt);
+  // Acts on an attempt's outcome: the RunResult to end with, or nullopt to
+  // run the next attempt.
+  std::optional<RunResult> settle(int attempt, const AttemptOutcome& outcome);
 
   void make_run_dir();
   std::vector<worker::WorkerSpec> worker_specs(int attempt);
-  Outcome watch(int attempt, std::vector<FailureRecord>* local_failures);
+  WatchResult watch(int attempt, std::vector<FailureRecord>* local_failures);
   FailureRecord record_of(const worker::WorkerExit& e, int attempt) const;
   FailureRecord publish_failure(int attempt, const std::vector<FailureRecord>& local);
   void stop_workers(int sig, int attempt);
-  // Waits for `key` on the main store, bounded by the liveness of the job.
-  void await_key(const std::string& key, const char* what);
+  // Waits for `key` on the main store, bounded by the liveness of the job and
+  // a deadline; the error names the nodes missing from `set_key` (if given).
+  void await_nodes(const std::string& key, const std::string& set_key, const char* what);
+  // The node ranks listed in `key` ("0,3,"); ProtocolError when unreadable.
+  std::vector<int> node_set(const std::string& key);
+  // Adds this node to the set at `key`; true when the set is then complete.
+  bool join_set(const std::string& key);
+  // The other nodes in neither `a` nor `b`.
+  std::vector<int> others_except(const std::vector<int>& a, const std::vector<int>& b) const;
   void check_job_alive(const char* what);
+  // Ends the job when the monitor met a record it cannot read (exit 3) or a
+  // bug of ours (InternalError, exit 70).
+  void check_monitor() const;
   void sync_after_stop(int attempt, bool final);
   bool exit_barrier(int attempt);  // false: a failure of this attempt appeared (restart)
+  std::string node_list(const std::vector<int>& nodes) const;
+  // On the store host: waits until every other live node has left.
+  void leave_last();
   void leave();
   // False for a temporary log directory that holds no file with content.
   bool logs_worth_keeping() const;
@@ -144,6 +219,7 @@ class ElasticAgent::Impl {
 
   rendezvous::RendezvousInfo info_;
   std::unique_ptr<JobMonitor> monitor_;
+  std::chrono::milliseconds monitor_window_{15'000};  // dead after this long silent
   int base_rank_ = 0;
   int world_size_ = 0;
   std::string host_;
@@ -265,8 +341,8 @@ FailureRecord ElasticAgent::Impl::record_of(const worker::WorkerExit& e, int att
   return f;
 }
 
-ElasticAgent::Impl::Outcome ElasticAgent::Impl::watch(int attempt,
-                                                      std::vector<FailureRecord>* local_failures) {
+ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
+    int attempt, std::vector<FailureRecord>* local_failures) {
   size_t succeeded = 0;
   for (;;) {
     auto exits = launcher_.wait(Clock::now() + 1s);
@@ -285,12 +361,24 @@ ElasticAgent::Impl::Outcome ElasticAgent::Impl::watch(int attempt,
         ++succeeded;
       }
     }
-    if (!local_failures->empty()) return Outcome::kLocalFailure;
-    if (pending_signal_) return Outcome::kSignal;
-    if (monitor_->failure(attempt)) return Outcome::kRemoteFailure;
-    if (monitor_->store_lost()) return Outcome::kStoreLost;
-    if (!monitor_->dead_nodes().empty()) return Outcome::kNodeLost;
-    if (succeeded == static_cast<size_t>(c_.nproc_per_node)) return Outcome::kSucceeded;
+    if (!local_failures->empty()) return WatchResult::kLocalFailure;
+    if (pending_signal_) return WatchResult::kSignal;
+    check_monitor();
+    if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
+    if (monitor_->store_lost() || !monitor_->dead_nodes().empty()) {
+      return WatchResult::kJobBroken;
+    }
+    if (auto gone = monitor_->departed_nodes(); !gone.empty()) {
+      // A node whose workers of this attempt succeeded may leave after its
+      // exit barrier (liveness unknown too long): this node's workers go on.
+      auto finished = node_set(keys::finished(attempt));
+      if (std::any_of(gone.begin(), gone.end(), [&](int n) {
+            return std::find(finished.begin(), finished.end(), n) == finished.end();
+          })) {
+        return WatchResult::kJobBroken;
+      }
+    }
+    if (succeeded == static_cast<size_t>(c_.nproc_per_node)) return WatchResult::kSucceeded;
   }
 }
 
@@ -301,7 +389,12 @@ FailureRecord ElasticAgent::Impl::publish_failure(int attempt,
       [](const FailureRecord& a, const FailureRecord& b) { return a.earlier_than(b); });
   std::string mine = root.to_json();
   std::string winner = info_.store->compare_set(keys::failure(attempt), "", mine);
-  return winner == mine ? root : FailureRecord::from_json(winner);
+  if (winner == mine) return root;
+  try {
+    return FailureRecord::from_json(winner);
+  } catch (const ProtocolError& e) {
+    throw ProtocolError("unreadable record at key '" + keys::failure(attempt) + "': " + e.what());
+  }
 }
 
 void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
@@ -318,7 +411,16 @@ void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
   workers_running_ = false;
 }
 
+void ElasticAgent::Impl::check_monitor() const {
+  if (auto e = monitor_->internal_error()) throw InternalError(*e);
+  if (auto e = monitor_->protocol_error()) {
+    throw JobEnd{kRendezvous, "protocol error in the job's store at " + info_.master_addr + ":" +
+                                  std::to_string(info_.master_port) + ": " + *e};
+  }
+}
+
 void ElasticAgent::Impl::check_job_alive(const char* what) {
+  check_monitor();
   if (monitor_->store_lost()) {
     throw JobEnd{kRendezvous, std::string("lost the job's store at ") + info_.master_addr + ":" +
                                   std::to_string(info_.master_port) + " while " + what + ": " +
@@ -332,16 +434,61 @@ void ElasticAgent::Impl::check_job_alive(const char* what) {
                                   ") stopped responding while " + what +
                                   "; a static job cannot go on without it"};
   }
-  for (int n = 0; n < info_.group_world_size; ++n) {
-    if (n != info_.group_rank && info_.store->check({keys::gone(n)})) {
-      throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
-                                    info_.nodes[static_cast<size_t>(n)].host +
-                                    ") left the job while " + what};
-    }
+  auto gone = monitor_->departed_nodes();
+  if (!gone.empty()) {
+    int n = gone.front();
+    throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
+                                  info_.nodes[static_cast<size_t>(n)].host +
+                                  ") left the job while " + what};
   }
 }
 
-void ElasticAgent::Impl::await_key(const std::string& key, const char* what) {
+std::vector<int> ElasticAgent::Impl::node_set(const std::string& key) {
+  std::vector<int> out;
+  if (!info_.store->check({key})) return out;
+  std::string raw = info_.store->get(key);
+  size_t at = 0;
+  while (at < raw.size()) {
+    size_t comma = raw.find(',', at);
+    if (comma == std::string::npos) comma = raw.size();
+    std::string item = raw.substr(at, comma - at);
+    int n = -1;
+    if (!item.empty() && item.size() < 10 &&
+        std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      n = std::stoi(item);
+    }
+    if (n < 0 || n >= info_.group_world_size) {
+      throw ProtocolError("unreadable record at key '" + key + "': '" + raw.substr(0, 200) + "'");
+    }
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+    at = comma + 1;
+  }
+  return out;
+}
+
+bool ElasticAgent::Impl::join_set(const std::string& key) {
+  info_.store->append(key, std::to_string(info_.group_rank) + ",");
+  return node_set(key).size() == static_cast<size_t>(info_.group_world_size);
+}
+
+std::vector<int> ElasticAgent::Impl::others_except(const std::vector<int>& a,
+                                                   const std::vector<int>& b) const {
+  std::vector<int> out;
+  for (int n = 0; n < info_.group_world_size; ++n) {
+    if (n == info_.group_rank) continue;
+    if (std::find(a.begin(), a.end(), n) != a.end()) continue;
+    if (std::find(b.begin(), b.end(), n) != b.end()) continue;
+    out.push_back(n);
+  }
+  return out;
+}
+
+void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& set_key,
+                                     const char* what) {
+  // Live nodes answer within the shutdown timeout; dead or departed ones end
+  // the wait through check_job_alive. The deadline is the last resort.
+  const auto bound = c_.shutdown_timeout + monitor_window_ + 30s;
+  const auto deadline = Clock::now() + bound;
   for (;;) {
     try {
       info_.store->wait({key}, 200ms);
@@ -349,12 +496,20 @@ void ElasticAgent::Impl::await_key(const std::string& key, const char* what) {
     } catch (const TimeoutError&) {
     }
     check_job_alive(what);
+    if (Clock::now() >= deadline) {
+      std::vector<int> reported = set_key.empty() ? std::vector<int>{} : node_set(set_key);
+      auto missing = others_except(reported, {});
+      throw JobEnd{
+          kRendezvous,
+          "timed out after " +
+              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(bound).count()) +
+              "s " + what + " (key '" + key + "'); waiting for nodes " + node_list(missing)};
+    }
   }
 }
 
 void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
-  int64_t n = info_.store->add(keys::stopped(attempt), 1);
-  if (n == info_.group_world_size) info_.store->set(keys::all_stopped(attempt), "1");
+  if (join_set(keys::stopped(attempt))) info_.store->set(keys::all_stopped(attempt), "1");
   if (final) {
     // The host keeps the store up until every node has read the failure.
     if (info_.clear_worker_keys) {
@@ -365,12 +520,14 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
           break;
         } catch (const TimeoutError&) {
         }
+        check_monitor();
         if (monitor_->store_lost() || !monitor_->dead_nodes().empty()) break;
       }
     }
     return;
   }
-  await_key(keys::all_stopped(attempt), "waiting for every node to stop its workers");
+  await_nodes(keys::all_stopped(attempt), keys::stopped(attempt),
+              "waiting for every node to stop its workers");
   if (info_.clear_worker_keys) {
     // No key written by this attempt's workers may be read by the next one's
     // (torch 2.6+ workers use no attempt prefix).
@@ -378,14 +535,18 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
     log_->debug("removed {} keys of attempt {} from the store", removed, attempt);
     info_.store->set(keys::clean(attempt), "1");
   } else {
-    await_key(keys::clean(attempt), "waiting for node 0 to clear the store");
+    await_nodes(keys::clean(attempt), "", "waiting for node 0 to clear the store");
   }
 }
 
 bool ElasticAgent::Impl::exit_barrier(int attempt) {
-  int64_t n = info_.store->add(keys::done(attempt), 1);
-  if (n == info_.group_world_size) info_.store->set(keys::all_done(attempt), "1");
+  // The node that completes the set of finished nodes releases everyone.
+  if (join_set(keys::finished(attempt))) info_.store->set(keys::all_done(attempt), "1");
+  // The timeout bounds only a wait for nodes whose liveness is unknown: a node
+  // that is alive and still running workers may yet fail and restart the job,
+  // so it is waited for without limit (and the store host must outlive it).
   auto deadline = Clock::now() + c_.exit_barrier_timeout;
+  auto next_scan = Clock::now();
   for (;;) {
     try {
       info_.store->wait({keys::all_done(attempt)}, 200ms);
@@ -393,30 +554,74 @@ bool ElasticAgent::Impl::exit_barrier(int attempt) {
     } catch (const TimeoutError&) {
     }
     if (monitor_->failure(attempt)) return false;
+    check_monitor();
     if (monitor_->store_lost()) {
       log_->warn("exit barrier: lost the job's store ({}); this node's workers succeeded",
                  monitor_->store_error());
       return true;
     }
-    int live = info_.group_world_size;
+    if (Clock::now() < next_scan) continue;
+    next_scan = Clock::now() + 1s;
+    // One store request: the others are known from the monitor's view.
+    auto running = others_except(node_set(keys::finished(attempt)), monitor_->departed_nodes());
+    if (running.empty()) return true;  // the others finished or left
     auto dead = monitor_->dead_nodes();
-    for (int node = 0; node < info_.group_world_size; ++node) {
-      bool gone = std::find(dead.begin(), dead.end(), node) != dead.end() ||
-                  (node != info_.group_rank && info_.store->check({keys::gone(node)}));
-      if (gone) --live;
+    const bool known = monitor_->liveness_known();
+    bool any_alive = known && std::any_of(running.begin(), running.end(), [&](int node) {
+                       return std::find(dead.begin(), dead.end(), node) == dead.end();
+                     });
+    if (any_alive) {
+      deadline = Clock::now() + c_.exit_barrier_timeout;
+      continue;
     }
-    int64_t finished = info_.store->add(keys::done(attempt), 0);
-    if (finished >= live) {
-      log_->warn("exit barrier: {} of {} nodes finished; the others left the job", finished,
-                 info_.group_world_size);
+    if (known) {
+      log_->warn(
+          "exit barrier: nodes {} stopped responding before finishing; this node's workers "
+          "succeeded",
+          node_list(running));
       return true;
     }
     if (Clock::now() >= deadline) {
       log_->warn(
-          "exit barrier timed out after {}s: {} of {} nodes finished; this node's workers "
-          "succeeded",
-          c_.exit_barrier_timeout.count() / 1000, finished, info_.group_world_size);
+          "exit barrier timed out after {}s waiting for nodes {} whose liveness is unknown; this "
+          "node's workers succeeded",
+          c_.exit_barrier_timeout.count() / 1000, node_list(running));
       return true;
+    }
+  }
+}
+
+std::string ElasticAgent::Impl::node_list(const std::vector<int>& nodes) const {
+  std::string s;
+  for (int n : nodes) {
+    s += (s.empty() ? "" : ", ") + std::to_string(n) + " (" +
+         info_.nodes[static_cast<size_t>(n)].host + ")";
+  }
+  return s;
+}
+
+void ElasticAgent::Impl::leave_last() {
+  // The store host leaves last: every other node reads its outcome from the
+  // store. Live nodes leave within moments; dead ones are not waited for,
+  // nodes of unknown liveness for at most the exit barrier timeout.
+  if (!info_.clear_worker_keys || info_.group_world_size == 1) return;
+  auto deadline = Clock::now() + c_.exit_barrier_timeout;
+  for (;;) {
+    auto staying = others_except(monitor_->departed_nodes(), monitor_->dead_nodes());
+    if (staying.empty() || monitor_->store_lost()) return;
+    const bool known = monitor_->liveness_known();
+    if (!known && Clock::now() >= deadline) {
+      log_->warn("leaving while nodes {} may still read the store", node_list(staying));
+      return;
+    }
+    if (known) deadline = Clock::now() + c_.exit_barrier_timeout;
+    // The host's own store: one wait for every gone key it still misses.
+    std::vector<std::string> gone;
+    for (int node : staying) gone.push_back(keys::gone(node));
+    try {
+      info_.store->wait(gone, 200ms);
+      return;
+    } catch (const TimeoutError&) {
     }
   }
 }
@@ -452,16 +657,180 @@ std::string ElasticAgent::Impl::tidy_log_dir() {
 
 RunResult ElasticAgent::Impl::finish(int code, std::string message) {
   events_.emit("finished", attempt_, {{"exit_code", code}});
-  auto truncated = launcher_.truncated_logs();
-  if (!truncated.empty()) {
-    std::string list;
-    for (const auto& path : truncated) list += (list.empty() ? "" : ", ") + path;
-    log_->warn("worker logs not written in full (see the warnings above): {}", list);
-  }
   // A temporary log directory goes when it holds no file worth reading (no
   // output was redirected, no error file written); otherwise its path is in
   // the launcher's last log line.
-  RunResult r{code, std::move(message), tidy_log_dir()};
+  RunResult r{code, std::move(message), {}, tidy_log_dir(), {}};
+  // Named by main after the failure summary.
+  r.truncated_logs = launcher_.truncated_logs();
+  return r;
+}
+
+void ElasticAgent::Impl::join() {
+  try {
+    info_ = rdzv_.next_rendezvous();
+  } catch (const ConfigError& e) {
+    throw JobEnd{kUsage, e.what()};
+  } catch (const TimeoutError& e) {
+    throw JobEnd{kRendezvous, e.what()};
+  } catch (const IoError& e) {
+    throw JobEnd{kNetwork, e.what()};
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error& e) {
+    throw JobEnd{kRendezvous, std::string("rendezvous failed: ") + e.what()};
+  }
+  const auto& me = info_.nodes.at(static_cast<size_t>(info_.group_rank));
+  if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
+  std::vector<int> sizes;
+  for (const auto& n : info_.nodes) sizes.push_back(n.local_world_size);
+  base_rank_ = base_global_rank(sizes, info_.group_rank);
+  world_size_ = 0;
+  for (int s : sizes) world_size_ += s;
+  std::string table;
+  int r = 0;
+  for (const auto& n : info_.nodes) {
+    table += (table.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.group_rank) +
+             " (" + n.host + ") ranks " + std::to_string(r) + "-" +
+             std::to_string(r + n.local_world_size - 1);
+    r += n.local_world_size;
+  }
+  log_->info(
+      "rendezvous complete: run_id={} group_rank={} group_world_size={} world_size={} "
+      "master={}:{}; {}",
+      c_.run_id, info_.group_rank, info_.group_world_size, world_size_, info_.master_addr,
+      info_.master_port, table);
+  events_.emit("rendezvous", 0,
+               {{"group_rank", info_.group_rank},
+                {"group_world_size", info_.group_world_size},
+                {"world_size", world_size_},
+                {"master_addr", info_.master_addr},
+                {"master_port", info_.master_port}});
+  make_run_dir();
+  MonitorOptions mo = monitor_options(c_);
+  mo.node = info_.group_rank;
+  mo.nnodes = info_.group_world_size;
+  mo.hosts_store = static_cast<bool>(info_.clear_worker_keys);
+  monitor_window_ = mo.liveness_window();
+  monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
+}
+
+void ElasticAgent::Impl::start_workers(int k) {
+  auto specs = worker_specs(k);
+  {
+    std::lock_guard<std::mutex> lock(phase_mutex_);
+    workers_running_ = true;
+  }
+  std::vector<pid_t> pids;
+  try {
+    pids = launcher_.start(specs);
+  } catch (const IoError& e) {
+    // The others must not wait for workers that never start.
+    FailureRecord f;
+    f.rank = base_rank_;
+    f.node_rank = info_.group_rank;
+    f.host = host_;
+    f.exit_code = 127;
+    f.message = e.what();
+    f.attempt = k;
+    info_.store->compare_set(keys::failure(k), "", f.to_json());
+    stop_workers(SIGKILL, k);
+    throw JobEnd{kUsage, e.what()};
+  }
+  std::string list;
+  for (size_t i = 0; i < pids.size(); ++i) list += (i ? " " : "") + std::to_string(pids[i]);
+  log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(), base_rank_,
+             base_rank_ + c_.nproc_per_node - 1, list);
+  events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
+}
+
+ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
+  monitor_->watch_attempt(k);
+  start_workers(k);
+  AttemptOutcome out;
+  switch (watch(k, &out.local)) {
+    case WatchResult::kSucceeded:
+      stop_workers(SIGTERM, k);  // no worker runs: clears leftovers, updates the phase
+      if (int sig = pending_signal_) {
+        out.kind = AttemptOutcome::kSignal;
+        out.signal = sig;
+        return out;
+      }
+      if (exit_barrier(k)) {
+        out.kind = AttemptOutcome::kSucceeded;
+        return out;
+      }
+      // Another node failed while this one waited: the job's attempt failed.
+      out.kind = AttemptOutcome::kFailed;
+      out.root = *monitor_->failure(k);
+      return out;
+    case WatchResult::kLocalFailure:
+      out.kind = AttemptOutcome::kFailed;
+      out.root = publish_failure(k, out.local);
+      return out;
+    case WatchResult::kRemoteFailure:
+      out.kind = AttemptOutcome::kFailed;
+      out.root = *monitor_->failure(k);
+      return out;
+    case WatchResult::kSignal:
+      out.kind = AttemptOutcome::kSignal;
+      out.signal = pending_signal_;
+      return out;
+    case WatchResult::kJobBroken:
+      out.kind = AttemptOutcome::kJobBroken;
+      return out;
+  }
+  CTORCHRUN_CHECK(false, "unhandled watch result");
+}
+
+std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome& out) {
+  switch (out.kind) {
+    case AttemptOutcome::kSucceeded:
+      log_->info("all workers of the job succeeded; exiting 0");
+      leave();
+      leave_last();
+      return finish(0, "");
+    case AttemptOutcome::kSignal:
+      stop_workers(out.signal, k);
+      leave();
+      return finish(128 + out.signal, "stopped by " + signal_name(out.signal));
+    case AttemptOutcome::kJobBroken:
+      stop_workers(SIGTERM, k);
+      check_job_alive("running workers");  // throws JobEnd naming the cause
+      CTORCHRUN_CHECK(false, "the job ended with no cause");
+    case AttemptOutcome::kFailed:
+      break;
+  }
+  // A failure somewhere in the job: every node stops its workers.
+  const FailureRecord& root = out.root;
+  events_.emit("attempt_failed", k,
+               {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
+  stop_workers(SIGTERM, k);
+  if (int sig = pending_signal_) {
+    leave();
+    return finish(128 + sig, "stopped by " + signal_name(sig));
+  }
+  const bool final = k >= c_.max_restarts;
+  sync_after_stop(k, final);
+  if (!final) {
+    log_->warn(
+        "rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
+        "(restart {}/{})",
+        root.rank, root.local_rank, root.node_rank, root.cause(), k + 1, c_.max_restarts);
+    events_.emit("restart", k + 1, {{"restart", k + 1}, {"max_restarts", c_.max_restarts}});
+    return std::nullopt;
+  }
+  const bool here = root.node_rank == info_.group_rank;
+  std::string msg = "job failed after " + std::to_string(k) + "/" +
+                    std::to_string(c_.max_restarts) + " restarts: rank " +
+                    std::to_string(root.rank) + " (local_rank " + std::to_string(root.local_rank) +
+                    " on node " + std::to_string(root.node_rank) + ", " + root.host + ", pid " +
+                    std::to_string(root.pid) + ") failed with " + root.cause() +
+                    (here ? "" : " (summary on that node)") +
+                    (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
+  leave();
+  RunResult r = finish(kFailed, msg);
+  if (here) r.failures = out.local.empty() ? std::vector<FailureRecord>{root} : out.local;
   return r;
 }
 
@@ -473,166 +842,33 @@ RunResult ElasticAgent::Impl::run() {
       c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
       c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port), c_.run_id,
       c_.max_restarts, c_.entrypoint_name);
+  // The boundary of the agent: failures of the world become a RunResult, a
+  // bug of ours an InternalError for main (exit 70); no worker outlives either.
   try {
-    try {
-      info_ = rdzv_.next_rendezvous();
-    } catch (const ConfigError& e) {
-      throw JobEnd{kUsage, e.what()};
-    } catch (const TimeoutError& e) {
-      throw JobEnd{kRendezvous, e.what()};
-    } catch (const IoError& e) {
-      throw JobEnd{kNetwork, e.what()};
-    } catch (const Error& e) {
-      throw JobEnd{kRendezvous, std::string("rendezvous failed: ") + e.what()};
-    }
-    const auto& me = info_.nodes.at(static_cast<size_t>(info_.group_rank));
-    if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
-    std::vector<int> sizes;
-    for (const auto& n : info_.nodes) sizes.push_back(n.local_world_size);
-    base_rank_ = base_global_rank(sizes, info_.group_rank);
-    world_size_ = 0;
-    for (int s : sizes) world_size_ += s;
-    {
-      std::string table;
-      int r = 0;
-      for (const auto& n : info_.nodes) {
-        table += (table.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.group_rank) +
-                 " (" + n.host + ") ranks " + std::to_string(r) + "-" +
-                 std::to_string(r + n.local_world_size - 1);
-        r += n.local_world_size;
-      }
-      log_->info(
-          "rendezvous complete: run_id={} group_rank={} group_world_size={} world_size={} "
-          "master={}:{}; {}",
-          c_.run_id, info_.group_rank, info_.group_world_size, world_size_, info_.master_addr,
-          info_.master_port, table);
-      events_.emit("rendezvous", 0,
-                   {{"group_rank", info_.group_rank},
-                    {"group_world_size", info_.group_world_size},
-                    {"world_size", world_size_},
-                    {"master_addr", info_.master_addr},
-                    {"master_port", info_.master_port}});
-    }
-    make_run_dir();
-    auto node_timeout = 15'000ms;
-    if (auto it = c_.rdzv_conf.find("node_timeout"); it != c_.rdzv_conf.end()) {
-      node_timeout = std::chrono::milliseconds(static_cast<int64_t>(std::stod(it->second) * 1000));
-    }
-    monitor_ = std::make_unique<JobMonitor>(
-        info_.connect, info_.group_rank, info_.group_world_size, [this] { launcher_.wake(); },
-        node_timeout, 5s);
-
+    join();
     for (attempt_ = 0;; ++attempt_) {
-      const int k = attempt_;
-      monitor_->watch_attempt(k);
-      auto specs = worker_specs(k);
-      {
-        std::lock_guard<std::mutex> lock(phase_mutex_);
-        workers_running_ = true;
-      }
-      std::vector<pid_t> pids;
-      try {
-        pids = launcher_.start(specs);
-      } catch (const IoError& e) {
-        FailureRecord f;
-        f.rank = base_rank_;
-        f.node_rank = info_.group_rank;
-        f.host = host_;
-        f.exit_code = 127;
-        f.message = e.what();
-        f.attempt = k;
-        info_.store->compare_set(keys::failure(k), "", f.to_json());
-        stop_workers(SIGKILL, k);
-        throw JobEnd{kUsage, e.what()};
-      }
-      {
-        std::string list;
-        for (size_t i = 0; i < pids.size(); ++i) {
-          list += (i ? " " : "") + std::to_string(pids[i]);
-        }
-        log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(),
-                   base_rank_, base_rank_ + c_.nproc_per_node - 1, list);
-        events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
-      }
-
-      std::vector<FailureRecord> local;
-      Outcome outcome = watch(k, &local);
-      if (outcome == Outcome::kSucceeded) {
-        stop_workers(SIGTERM, k);  // no worker runs: clears leftovers, updates the phase
-        if (int sig = pending_signal_) {
-          leave();
-          return finish(128 + sig, "stopped by " + signal_name(sig));
-        }
-        if (exit_barrier(k)) {
-          log_->info("all workers of the job succeeded; exiting 0");
-          leave();
-          return finish(0, "");
-        }
-        outcome = Outcome::kRemoteFailure;
-      }
-      switch (outcome) {
-        case Outcome::kSignal: {
-          int sig = pending_signal_;
-          stop_workers(sig, k);
-          leave();
-          return finish(128 + sig, "stopped by " + signal_name(sig));
-        }
-        case Outcome::kStoreLost:
-          stop_workers(SIGTERM, k);
-          check_job_alive("running workers");  // throws with the cause
-          throw JobEnd{kRendezvous, "lost the job's store"};
-        case Outcome::kNodeLost:
-          stop_workers(SIGTERM, k);
-          check_job_alive("running workers");
-          throw JobEnd{kRendezvous, "lost a node"};
-        default:
-          break;
-      }
-
-      // A failure somewhere in the job: every node stops its workers.
-      FailureRecord root =
-          outcome == Outcome::kLocalFailure ? publish_failure(k, local) : *monitor_->failure(k);
-      events_.emit(
-          "attempt_failed", k,
-          {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
-      stop_workers(SIGTERM, k);
-      if (pending_signal_) {
-        int sig = pending_signal_;
-        leave();
-        return finish(128 + sig, "stopped by " + signal_name(sig));
-      }
-      const bool final = k >= c_.max_restarts;
-      sync_after_stop(k, final);
-      if (final) {
-        if (root.node_rank == info_.group_rank) {
-          std::vector<FailureRecord> shown =
-              local.empty() ? std::vector<FailureRecord>{root} : local;
-          worker::Console::write(STDERR_FILENO, format_failure_summary(c_.entrypoint_name, shown));
-        }
-        std::string msg =
-            "job failed after " + std::to_string(k) + "/" + std::to_string(c_.max_restarts) +
-            " restarts: rank " + std::to_string(root.rank) + " (local_rank " +
-            std::to_string(root.local_rank) + " on node " + std::to_string(root.node_rank) + ", " +
-            root.host + ", pid " + std::to_string(root.pid) + ") failed with " + root.cause() +
-            (root.node_rank == info_.group_rank ? "" : " (summary on that node)") +
-            (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
-        leave();
-        return finish(kFailed, msg);
-      }
-      log_->warn(
-          "rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
-          "(restart {}/{})",
-          root.rank, root.local_rank, root.node_rank, root.cause(), k + 1, c_.max_restarts);
-      events_.emit("restart", k + 1, {{"restart", k + 1}, {"max_restarts", c_.max_restarts}});
+      if (auto result = settle(attempt_, run_attempt(attempt_))) return *result;
     }
   } catch (const JobEnd& end) {
+    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
     leave();
     return finish(end.exit_code, end.message);
+  } catch (const InternalError&) {
+    stop_workers(SIGKILL, attempt_);
+    throw;
+  } catch (const ProtocolError& e) {
+    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
+    leave();
+    std::string where = info_.master_addr + ":" + std::to_string(info_.master_port);
+    return finish(kRendezvous, "protocol error in the job's store at " + where + ": " + e.what());
   } catch (const Error& e) {
     // The store failed under the main loop's feet.
     if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
     std::string where = info_.master_addr + ":" + std::to_string(info_.master_port);
     return finish(kRendezvous, std::string("lost the job's store at ") + where + ": " + e.what());
+  } catch (const std::exception& e) {
+    stop_workers(SIGKILL, attempt_);
+    throw InternalError(std::string("agent: ") + e.what());
   }
 }
 
@@ -642,7 +878,10 @@ ElasticAgent::ElasticAgent(const LaunchConfig& config, rendezvous::Handler& rend
                            worker::Launcher& launcher, EventLog& events)
     : impl_(std::make_unique<Impl>(config, rendezvous, launcher, events)) {}
 
-ElasticAgent::~ElasticAgent() = default;
+ElasticAgent::~ElasticAgent() {
+  std::lock_guard<std::mutex> lock(g_relay_mutex);
+  if (g_relay == this) g_relay = nullptr;
+}
 
 RunResult ElasticAgent::run() { return impl_->run(); }
 
@@ -653,7 +892,7 @@ RunResult run(const LaunchConfig& config) {
   try {
     events = std::make_unique<EventLog>(config.events_file, config.run_id, config.node_rank);
   } catch (const ConfigError& e) {
-    return RunResult{kUsage, e.what(), ""};
+    return RunResult{kUsage, e.what(), {}, "", {}};
   }
   rendezvous::StaticOptions so;
   so.master_addr = config.master_addr;
@@ -675,10 +914,8 @@ RunResult run(const LaunchConfig& config) {
   rendezvous::StaticHandler rdzv(so);
   auto launcher = worker::make_process_launcher();
   ElasticAgent agent(config, rdzv, *launcher, *events);
-  set_signal_relay(&agent);
-  RunResult r = agent.run();
-  set_signal_relay(nullptr);
-  return r;
+  set_signal_relay(&agent);  // cleared by ~ElasticAgent on every path
+  return agent.run();
 }
 
 }  // namespace ctorchrun::agent

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "agent/events.h"
+#include "agent/failure_summary.h"
 #include "agent/launch_config.h"
 #include "rendezvous/handler.h"
 #include "worker/launcher.h"
@@ -20,11 +21,18 @@
 namespace ctorchrun::agent {
 
 struct RunResult {
-  int exit_code = 0;    // the launcher's exit code (cli/exit_codes.h)
-  std::string message;  // why, when not 0 (already logged)
+  int exit_code = 0;    // the launcher's exit code (common/exit_codes.h)
+  std::string message;  // why, when not 0 (not logged yet: the caller logs it once)
+  // When the job failed for good and the root cause is on this node: this
+  // node's failures of the last attempt, for torchrun's failure summary
+  // (format_failure_summary). Empty otherwise: the summary is on another node.
+  std::vector<FailureRecord> failures;
   // A temporary log directory kept because a log in it has content; empty
   // when there is none (removed, or --log_dir given).
   std::string kept_log_dir;
+  // Worker log files that could not be written in full (each already warned
+  // about); main names them after the failure summary.
+  std::vector<std::string> truncated_logs;
 };
 
 // Signals arrive on a thread of their own (sigwait); the agent decides what a
@@ -47,13 +55,16 @@ void block_signals(const std::vector<int>& signals);
 // currently registered (see set_signal_relay); with none registered, the
 // process exits at once with 128+N. Returns immediately.
 void start_signal_thread(const std::vector<int>& signals);
+// Registers the relay (null: none). Waits for a call to the previous relay
+// that is in progress, so after it returns the previous one is never called.
 void set_signal_relay(SignalRelay* relay);
+SignalRelay* signal_relay();
 
 class ElasticAgent : public SignalRelay {
  public:
   ElasticAgent(const LaunchConfig& config, rendezvous::Handler& rendezvous,
                worker::Launcher& launcher, EventLog& events);
-  ~ElasticAgent() override;
+  ~ElasticAgent() override;  // unregisters itself if it is the signal relay
 
   RunResult run();
   void on_signal(int sig) override;

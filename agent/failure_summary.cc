@@ -4,9 +4,14 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
@@ -75,23 +80,82 @@ std::string FailureRecord::to_json() const {
   return j.dump();
 }
 
+namespace {
+
+// Typed fields of an untrusted JSON object: a missing key gives the default, a
+// present key of the wrong type is a ProtocolError naming it.
+int64_t int_field(const nlohmann::json& j, const char* key, int64_t def, const char* what) {
+  auto it = j.find(key);
+  if (it == j.end()) return def;
+  if (!it->is_number_integer()) {
+    throw ProtocolError(std::string(what) + ": key '" + key +
+                        "' is not an integer: " + it->dump().substr(0, 80));
+  }
+  return it->get<int64_t>();
+}
+
+std::string string_field(const nlohmann::json& j, const char* key, const char* what) {
+  auto it = j.find(key);
+  if (it == j.end()) return {};
+  if (!it->is_string()) {
+    throw ProtocolError(std::string(what) + ": key '" + key +
+                        "' is not a string: " + it->dump().substr(0, 80));
+  }
+  return it->get<std::string>();
+}
+
+bool bool_field(const nlohmann::json& j, const char* key, const char* what) {
+  auto it = j.find(key);
+  if (it == j.end()) return false;
+  if (!it->is_boolean()) {
+    throw ProtocolError(std::string(what) + ": key '" + key +
+                        "' is not a boolean: " + it->dump().substr(0, 80));
+  }
+  return it->get<bool>();
+}
+
+int int32_field(const nlohmann::json& j, const char* key, int def, const char* what) {
+  int64_t v = int_field(j, key, def, what);
+  if (v < INT32_MIN || v > INT32_MAX) {
+    throw ProtocolError(std::string(what) + ": key '" + key +
+                        "' is out of range: " + std::to_string(v));
+  }
+  return static_cast<int>(v);
+}
+
+// A timestamp as torch writes it: an integer, or an integer in a string.
+std::optional<int64_t> timestamp_of(const nlohmann::json& v) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    char* end = nullptr;
+    errno = 0;
+    long long t = std::strtoll(s.c_str(), &end, 10);
+    if (errno == 0 && end != s.c_str() && *end == '\0') return t;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 FailureRecord FailureRecord::from_json(const std::string& json) {
   auto j = nlohmann::json::parse(json, nullptr, false);
   if (!j.is_object()) throw ProtocolError("unreadable failure record: " + json.substr(0, 200));
+  const char* what = "failure record";
   FailureRecord f;
-  f.rank = j.value("rank", -1);
-  f.local_rank = j.value("local_rank", -1);
-  f.node_rank = j.value("node_rank", -1);
-  f.host = j.value("host", std::string());
-  f.pid = j.value("pid", 0);
-  f.signaled = j.value("signaled", false);
-  f.exit_code = j.value("exit_code", 0);
-  f.signal = j.value("signal", 0);
-  f.timestamp = j.value("timestamp", int64_t{0});
-  f.noticed_ns = j.value("noticed_ns", int64_t{0});
-  f.error_file = j.value("error_file", std::string());
-  f.message = j.value("message", std::string());
-  f.attempt = j.value("attempt", 0);
+  f.rank = int32_field(j, "rank", -1, what);
+  f.local_rank = int32_field(j, "local_rank", -1, what);
+  f.node_rank = int32_field(j, "node_rank", -1, what);
+  f.host = string_field(j, "host", what);
+  f.pid = int32_field(j, "pid", 0, what);
+  f.signaled = bool_field(j, "signaled", what);
+  f.exit_code = int32_field(j, "exit_code", 0, what);
+  f.signal = int32_field(j, "signal", 0, what);
+  f.timestamp = int_field(j, "timestamp", 0, what);
+  f.noticed_ns = int_field(j, "noticed_ns", 0, what);
+  f.error_file = string_field(j, "error_file", what);
+  f.message = string_field(j, "message", what);
+  f.attempt = int32_field(j, "attempt", 0, what);
   return f;
 }
 
@@ -103,40 +167,47 @@ void read_error_file(const std::string& path, FailureRecord* record) {
                                        : kNoTraceback;
   }
   std::ifstream in(path);
-  if (!in) return;
+  if (!in) return;  // the worker wrote none: torchrun's defaults
   std::stringstream ss;
   ss << in.rdbuf();
-  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (!j.is_object() || !j.contains("message")) return;
-  record->error_file = path;
-  const auto& m = j["message"];
-  auto to_int = [](const nlohmann::json& v) -> int64_t {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_string()) {
-      try {
-        return std::stoll(v.get<std::string>());
-      } catch (const std::exception&) {
-      }
-    }
-    return 0;
+  // Written by the user's program: any shape may come back. Whatever cannot be
+  // read is named in the summary; it never stops the restart.
+  auto unreadable = [&](const std::string& why) {
+    record->error_file = path;
+    record->message = "error file unreadable: " + path + ": " + why;
   };
+  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) return unreadable("not JSON");
+  if (!j.is_object() || !j.contains("message")) {
+    return unreadable("not an object with a \"message\"");
+  }
+  const auto& m = j["message"];
   if (m.is_object()) {
-    std::string text = m.value("message", std::string());
-    if (m.contains("extraInfo") && m["extraInfo"].is_object()) {
-      const auto& extra = m["extraInfo"];
-      if (extra.contains("py_callstack") && extra["py_callstack"].is_string()) {
-        text = extra["py_callstack"].get<std::string>();
-      }
-      if (extra.contains("timestamp")) {
-        if (int64_t t = to_int(extra["timestamp"])) record->timestamp = t;
-      }
+    std::string text;
+    if (auto it = m.find("message"); it != m.end()) {
+      if (!it->is_string()) return unreadable("\"message\".\"message\" is not a string");
+      text = it->get<std::string>();
     }
+    std::optional<int64_t> ts;
+    if (auto ex = m.find("extraInfo"); ex != m.end()) {
+      if (!ex->is_object()) return unreadable("\"extraInfo\" is not an object");
+      if (auto cs = ex->find("py_callstack"); cs != ex->end()) {
+        if (!cs->is_string()) return unreadable("\"py_callstack\" is not a string");
+        text = cs->get<std::string>();
+      }
+      if (auto t = ex->find("timestamp"); t != ex->end()) ts = timestamp_of(*t);
+    }
+    record->error_file = path;
     if (!text.empty()) record->message = text;
+    if (ts && *ts) record->timestamp = *ts;
   } else if (m.is_string()) {
+    record->error_file = path;
     record->message = m.get<std::string>();
-    if (j.contains("timestamp")) {
-      if (int64_t t = to_int(j["timestamp"])) record->timestamp = t;
+    if (auto t = j.find("timestamp"); t != j.end()) {
+      if (auto ts = timestamp_of(*t); ts && *ts) record->timestamp = *ts;
     }
+  } else {
+    unreadable("\"message\" is neither a string nor an object");
   }
 }
 

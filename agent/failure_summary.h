@@ -29,7 +29,9 @@ struct FailureRecord {
   // "exit code 3" or "signal 11 (SIGSEGV)".
   std::string cause() const;
   std::string to_json() const;
-  static FailureRecord from_json(const std::string& json);  // throws ProtocolError
+  // Parses a record another node wrote. Throws ProtocolError naming the key
+  // when the JSON is unreadable or a field has the wrong type.
+  static FailureRecord from_json(const std::string& json);
   // The root cause comes first: earliest timestamp, then earliest noticed.
   bool earlier_than(const FailureRecord& o) const {
     return timestamp != o.timestamp ? timestamp < o.timestamp : noticed_ns < o.noticed_ns;
@@ -39,7 +41,9 @@ struct FailureRecord {
 // Fills error_file/message/timestamp from the worker's error file if it wrote
 // one in torch's @record format ({"message": {"message", "extraInfo":
 // {"py_callstack", "timestamp"}}} or the flat {"message", "timestamp"}).
-// A missing or unreadable file leaves the defaults torchrun uses.
+// A missing file leaves the defaults torchrun uses. A file of any other shape
+// (not JSON, fields of unexpected types) is named in `message` as "error file
+// unreadable: <path>: <why>". Never throws for what the file holds.
 void read_error_file(const std::string& path, FailureRecord* record);
 
 // torchrun's summary: "<name> FAILED", the other failures, then the root

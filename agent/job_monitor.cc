@@ -1,44 +1,37 @@
 #include "agent/job_monitor.h"
 
-#include <thread>
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
 
+#include "agent/protocol.h"
 #include "common/error.h"
 #include "common/log.h"
 
 namespace ctorchrun::agent {
 
-namespace keys {
-std::string alive(int node) { return "alive/" + std::to_string(node); }
-std::string failure(int attempt) { return "attempt/" + std::to_string(attempt) + "/failure"; }
-std::string stopped(int attempt) { return "attempt/" + std::to_string(attempt) + "/stopped"; }
-std::string all_stopped(int attempt) {
-  return "attempt/" + std::to_string(attempt) + "/all_stopped";
-}
-std::string clean(int attempt) { return "attempt/" + std::to_string(attempt) + "/clean"; }
-std::string done(int attempt) { return "attempt/" + std::to_string(attempt) + "/done"; }
-std::string all_done(int attempt) { return "attempt/" + std::to_string(attempt) + "/all_done"; }
-std::string gone(int node) { return "gone/" + std::to_string(node); }
-}  // namespace keys
-
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-JobMonitor::JobMonitor(std::function<std::shared_ptr<store::Store>()> connect, int node, int nnodes,
-                       std::function<void()> notify, std::chrono::milliseconds node_timeout,
-                       std::chrono::milliseconds store_grace)
+JobMonitor::JobMonitor(std::function<std::shared_ptr<store::Store>()> connect,
+                       MonitorOptions options, std::function<void()> notify)
     : state_(std::make_shared<State>()) {
+  CTORCHRUN_CHECK(options.keep_alive_interval.count() > 0 && options.keep_alive_max_attempt > 0,
+                  "keep-alive settings must be positive");
   state_->connect = std::move(connect);
-  state_->node = node;
-  state_->nnodes = nnodes;
+  state_->options = std::move(options);
   state_->notify = std::move(notify);
-  state_->node_timeout = node_timeout;
-  state_->store_grace = store_grace;
-  std::thread(loop, state_).detach();
+  thread_ = std::thread(run_loop, state_);
 }
 
 JobMonitor::~JobMonitor() {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->stop = true;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->stop_cv.notify_all();
+  // Bounded: each store call of the thread has a timeout of a few seconds.
+  thread_.join();
 }
 
 void JobMonitor::watch_attempt(int attempt) { state_->attempt = attempt; }
@@ -56,17 +49,83 @@ std::string JobMonitor::store_error() const {
   return state_->store_error;
 }
 
+std::optional<std::string> JobMonitor::protocol_error() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->protocol_error;
+}
+
+std::optional<std::string> JobMonitor::internal_error() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->internal_error;
+}
+
 std::vector<int> JobMonitor::dead_nodes() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->dead;
 }
 
-void JobMonitor::loop(std::shared_ptr<State> st) {
+std::vector<int> JobMonitor::departed_nodes() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->gone;
+}
+
+bool JobMonitor::liveness_known() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->known_at &&
+         state_->options.now() - *state_->known_at < state_->options.liveness_window();
+}
+
+// The thread's boundary: nothing escapes it. What it cannot handle ends the
+// monitor and is reported to the agent.
+void JobMonitor::run_loop(const std::shared_ptr<State>& st) {
+  auto fail = [&](std::optional<std::string> State::*slot, const std::string& what) {
+    std::lock_guard<std::mutex> lock(st->mutex);
+    if (st->stop) return;
+    (*st).*slot = what;
+    st->notify();
+  };
+  try {
+    loop(st);
+  } catch (const ProtocolError& e) {
+    fail(&State::protocol_error, e.what());
+  } catch (const std::exception& e) {
+    fail(&State::internal_error, std::string("job monitor: ") + e.what());
+  } catch (...) {
+    fail(&State::internal_error, "job monitor: unknown exception");
+  }
+}
+
+namespace {
+
+std::vector<int> node_list(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) {
+    throw ProtocolError("unreadable record at key '" + keys::liveness() + "': '" + key +
+                        "' is not a list");
+  }
+  std::vector<int> out;
+  for (const auto& v : *it) {
+    if (!v.is_number_integer()) {
+      throw ProtocolError("unreadable record at key '" + keys::liveness() + "': '" + key +
+                          "' holds a non-integer");
+    }
+    out.push_back(v.get<int>());
+  }
+  return out;
+}
+
+}  // namespace
+
+void JobMonitor::loop(const std::shared_ptr<State>& st) {
+  const MonitorOptions& o = st->options;
   std::shared_ptr<store::Store> store;
-  std::vector<int64_t> beats(static_cast<size_t>(st->nnodes), -1);
-  std::vector<Clock::time_point> changed(static_cast<size_t>(st->nnodes), Clock::now());
-  auto last_beat = Clock::now() - 1h;
-  auto last_scan = Clock::now();
+  // Host: each node's last heartbeat value and when it last moved.
+  std::map<int, std::pair<int64_t, Clock::time_point>> beats;
+  int64_t seq = 0;        // host: publications so far
+  int64_t seen_seq = -1;  // others: the last publication read
+  Clock::time_point seen_seq_at{};
+  auto next_beat = o.now();
+  auto next_scan = o.now();
   bool failing = false;  // store calls keep failing since failing_since
   Clock::time_point failing_since;
   int seen_failure_of = -1;
@@ -74,11 +133,24 @@ void JobMonitor::loop(std::shared_ptr<State> st) {
     std::lock_guard<std::mutex> lock(st->mutex);
     return st->stop;
   };
+  auto pause = [&](std::chrono::milliseconds d) {
+    std::unique_lock<std::mutex> lock(st->mutex);
+    st->stop_cv.wait_for(lock, d, [&] { return st->stop; });
+  };
   // Runs `update` and then notify, both under the mutex, unless stopped.
   auto publish = [&](const std::function<bool()>& update) {
     std::lock_guard<std::mutex> lock(st->mutex);
     if (st->stop) return;
     if (update()) st->notify();
+  };
+  auto take_view = [&](std::vector<int> dead, std::vector<int> gone, Clock::time_point at) {
+    publish([&] {
+      bool news = dead.size() > st->dead.size() || gone.size() > st->gone.size();
+      st->dead = std::move(dead);
+      st->gone = std::move(gone);
+      st->known_at = at;
+      return news;
+    });
   };
 
   while (!stopped()) {
@@ -87,36 +159,68 @@ void JobMonitor::loop(std::shared_ptr<State> st) {
         store = st->connect();
         store->set_timeout(2s);
       }
-      auto now = Clock::now();
-      if (now - last_beat >= 500ms) {
-        store->add(keys::alive(st->node), 1);
-        last_beat = now;
+      auto now = o.now();
+      if (now >= next_beat) {
+        store->add(keys::alive(o.node), 1);
+        next_beat = now + o.keep_alive_interval;
       }
-      if (now - last_scan >= 1s) {
-        last_scan = now;
-        std::vector<int> dead;
-        for (int n = 0; n < st->nnodes; ++n) {
-          if (n == st->node) continue;
-          int64_t b = store->add(keys::alive(n), 0);
-          auto i = static_cast<size_t>(n);
-          if (b != beats[i]) {
-            beats[i] = b;
-            changed[i] = now;
-          } else if (now - changed[i] > st->node_timeout && !store->check({keys::gone(n)})) {
-            dead.push_back(n);
+      if (now >= next_scan) {
+        if (o.hosts_store) {
+          // O(N) requests, on the host alone, once per interval.
+          std::vector<int> dead, gone;
+          for (int n = 0; n < o.nnodes; ++n) {
+            if (n == o.node) continue;
+            if (store->check({keys::gone(n)})) {
+              gone.push_back(n);
+              continue;
+            }
+            int64_t b = store->add(keys::alive(n), 0);
+            auto it = beats.find(n);
+            if (it == beats.end() || it->second.first != b) {
+              beats[n] = {b, now};
+            } else if (now - it->second.second >= o.liveness_window()) {
+              dead.push_back(n);
+            }
           }
+          nlohmann::json view = {{"seq", ++seq}, {"dead", dead}, {"gone", gone}};
+          store->set(keys::liveness(), view.dump());
+          take_view(std::move(dead), std::move(gone), now);
+          next_scan = now + o.keep_alive_interval;
+        } else {
+          bool known = false;
+          if (store->check({keys::liveness()})) {
+            std::string raw = store->get(keys::liveness());
+            auto j = nlohmann::json::parse(raw, nullptr, false);
+            if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_integer()) {
+              throw ProtocolError("unreadable record at key '" + keys::liveness() +
+                                  "': " + raw.substr(0, 200));
+            }
+            auto dead = node_list(j, "dead");
+            auto gone = node_list(j, "gone");
+            int64_t s = j["seq"].get<int64_t>();
+            if (s != seen_seq) {
+              seen_seq = s;
+              seen_seq_at = now;
+            }
+            // The view is as current as the host's last publication.
+            take_view(std::move(dead), std::move(gone), seen_seq_at);
+            known = true;
+          }
+          // Until the host's first view arrives, ask at every pass.
+          next_scan = now + (known ? o.keep_alive_interval : o.failure_poll);
         }
-        publish([&] {
-          bool newly_dead = dead.size() > st->dead.size();
-          st->dead = dead;
-          return newly_dead;
-        });
       }
       int k = st->attempt;
       if (k != seen_failure_of) {
         try {
-          store->wait({keys::failure(k)}, 250ms);
-          FailureRecord f = FailureRecord::from_json(store->get(keys::failure(k)));
+          store->wait({keys::failure(k)}, o.failure_poll);
+          std::string raw = store->get(keys::failure(k));
+          FailureRecord f;
+          try {
+            f = FailureRecord::from_json(raw);
+          } catch (const ProtocolError& e) {
+            throw ProtocolError("unreadable record at key '" + keys::failure(k) + "': " + e.what());
+          }
           seen_failure_of = k;
           publish([&] {
             st->failures.emplace_back(k, f);
@@ -126,24 +230,28 @@ void JobMonitor::loop(std::shared_ptr<State> st) {
           // Not failed (yet).
         }
       } else {
-        std::this_thread::sleep_for(250ms);
+        pause(o.failure_poll);
       }
       failing = false;
+    } catch (const ProtocolError&) {
+      throw;
+    } catch (const InternalError&) {
+      throw;
     } catch (const Error& e) {
       store.reset();
-      auto now = Clock::now();
+      auto now = o.now();
       if (!failing) {
         failing = true;
         failing_since = now;
       }
-      if (now - failing_since >= st->store_grace && !st->store_lost) {
+      if (now - failing_since >= o.store_grace && !st->store_lost) {
         publish([&] {
           st->store_error = e.what();
           st->store_lost = true;
           return true;
         });
       }
-      std::this_thread::sleep_for(100ms);
+      pause(std::min<std::chrono::milliseconds>(100ms, o.failure_poll));
     }
   }
 }

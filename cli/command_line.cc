@@ -427,7 +427,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   fallbacks.back().second.push_back("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
   opt("--exit-barrier-timeout,--exit_barrier_timeout", exit_barrier_timeout,
       "PET_EXIT_BARRIER_TIMEOUT",
-      "seconds a finished node waits for the others (TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT)")
+      "seconds a finished node waits for nodes whose liveness is unknown; live nodes still "
+      "running workers are waited for without limit (TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT)")
       ->check(seconds_validator());
   fallbacks.back().second.push_back("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT");
   opt("--events-file,--events_file", events_file, "PET_EVENTS_FILE",

@@ -13,9 +13,9 @@
 #include <cstdio>
 #include <iostream>
 
-#include "cli/exit_codes.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 #include "store/tcp_store_server.h"
 

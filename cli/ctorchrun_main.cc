@@ -1,5 +1,5 @@
 // ctorchrun: the launcher. Parses torchrun's command line, runs this node's
-// agent, and turns its result into the exit code (cli/exit_codes.h).
+// agent, and turns its result into the exit code (common/exit_codes.h).
 
 #include <signal.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 
 #include "agent/agent.h"
 #include "cli/command_line.h"
-#include "cli/exit_codes.h"
 #include "common/error.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 #include "worker/console.h"
 #include "worker/launcher.h"
@@ -62,6 +62,15 @@ int main(int argc, char** argv) {
   for (const auto& warning : parsed.warnings) log->warn("{}", warning);
   try {
     agent::RunResult r = agent::run(config);
+    if (!r.failures.empty()) {
+      worker::Console::write(STDERR_FILENO,
+                             agent::format_failure_summary(config.entrypoint_name, r.failures));
+    }
+    if (!r.truncated_logs.empty()) {
+      std::string list;
+      for (const auto& path : r.truncated_logs) list += (list.empty() ? "" : ", ") + path;
+      log->warn("worker logs not written in full (see the warnings above): {}", list);
+    }
     // What the console lost is said before the last line.
     worker::Console::flush(worker::Console::kExitStall);
     if (r.exit_code != kExitSuccess && !r.message.empty()) log->error("{}", r.message);

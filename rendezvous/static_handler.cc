@@ -1,8 +1,15 @@
 #include "rendezvous/static_handler.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -14,57 +21,290 @@ namespace ctorchrun::rendezvous {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Keys of the store's root namespace ("ctorchrun/"): one job per store.
+constexpr const char* kJobKey = "job";        // the job's settings, by node 0
+constexpr const char* kFormedKey = "formed";  // every node has announced itself
+// Keys of the job's namespace ("ctorchrun/<run_id>/").
+constexpr const char* kRefusedKey = "refused";  // why a node of this job refused it
 std::string node_key(int rank) { return "nodes/" + std::to_string(rank); }
 
+std::string seconds(milliseconds d) {
+  auto ms = d.count();
+  return ms >= 1000 ? std::to_string((ms + 500) / 1000) + "s" : std::to_string(ms) + "ms";
+}
+
+milliseconds left_until(Clock::time_point deadline) {
+  return std::max(milliseconds(0),
+                  std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+}
+
+bool is_loopback(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    auto a = ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr);
+    return (a >> 24) == 127;
+  }
+  if (sa->sa_family == AF_INET6) {
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+  }
+  return false;
+}
+
+std::string numeric(const sockaddr* sa, socklen_t len) {
+  char host[NI_MAXHOST] = {};
+  if (getnameinfo(sa, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) return "?";
+  return host;
+}
+
+// True when this host can bind `sa` (port 0): the address is one of its own.
+bool is_local(const sockaddr* sa, socklen_t len) {
+  int fd = ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_storage copy{};
+  std::memcpy(&copy, sa, len);
+  if (sa->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(&copy)->sin_port = 0;
+  if (sa->sa_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&copy)->sin6_port = 0;
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&copy), len) == 0;
+  ::close(fd);
+  return ok;
+}
+
+int int_setting(const nlohmann::json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) {
+    throw ProtocolError("the job's settings at " + where + " lack an integer '" + key + "'");
+  }
+  return it->get<int>();
+}
+
 }  // namespace
+
+std::string strip_brackets(const std::string& addr) {
+  if (addr.size() >= 2 && addr.front() == '[' && addr.back() == ']') {
+    return addr.substr(1, addr.size() - 2);
+  }
+  return addr;
+}
+
+std::string bind_address_for(const std::string& master_addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(master_addr.c_str(), nullptr, &hints, &res);
+  if (rc != 0) {
+    throw IoError("--master_addr '" + master_addr + "' does not resolve (" + gai_strerror(rc) +
+                  "); node 0 hosts the store there, so give an address or name of this host");
+  }
+  bool numeric_literal = false;
+  {
+    in6_addr a6{};
+    in_addr a4{};
+    numeric_literal = inet_pton(AF_INET, master_addr.c_str(), &a4) == 1 ||
+                      inet_pton(AF_INET6, master_addr.c_str(), &a6) == 1;
+  }
+  std::string found;
+  std::string tried;
+  for (addrinfo* ai = res; ai && found.empty(); ai = ai->ai_next) {
+    std::string text = numeric(ai->ai_addr, ai->ai_addrlen);
+    if (tried.find(text) == std::string::npos) tried += (tried.empty() ? "" : ", ") + text;
+    if (!is_local(ai->ai_addr, ai->ai_addrlen)) continue;
+    // A loopback literal, or "localhost", keeps the store on that loopback
+    // address. Anything else gets the wildcard of its family, as torch binds:
+    // a name of this host may resolve here to 127.0.1.1 (Debian) and
+    // elsewhere to the address the other nodes must reach.
+    if (is_loopback(ai->ai_addr) && (numeric_literal || master_addr == "localhost")) {
+      found = text;
+    } else {
+      found = ai->ai_family == AF_INET6 ? "::" : "0.0.0.0";
+    }
+  }
+  freeaddrinfo(res);
+  if (found.empty()) {
+    throw IoError("--master_addr '" + master_addr + "' (" + tried +
+                  ") is not an address of this host; node 0 hosts the store at master_addr, so "
+                  "start node 0 on the machine that has it");
+  }
+  return found;
+}
 
 StaticHandler::StaticHandler(StaticOptions options) : options_(std::move(options)) {}
 
 StaticHandler::~StaticHandler() = default;
 
+void StaticHandler::check_admission(store::Store& root, store::Store& job,
+                                    const std::string& endpoint) {
+  auto log = get_logger("rdzv");
+  const std::string raw = root.get(kJobKey);
+  auto settings = nlohmann::json::parse(raw, nullptr, false);
+  if (!settings.is_object() || !settings.contains("run_id") || !settings["run_id"].is_string()) {
+    throw ProtocolError("unreadable job settings at key 'ctorchrun/" + std::string(kJobKey) +
+                        "' of the store at " + endpoint + ": " + raw.substr(0, 200));
+  }
+  const std::string run_id = settings["run_id"].get<std::string>();
+  const int nnodes = int_setting(settings, "nnodes", endpoint);
+  const int max_restarts = int_setting(settings, "max_restarts", endpoint);
+  if (run_id != options_.run_id) {
+    throw RendezvousClosedError("the store at " + endpoint + " serves job '" + run_id + "', not '" +
+                                options_.run_id +
+                                "'; check --master_addr/--master_port and --rdzv_id");
+  }
+  if (root.check({kFormedKey})) {
+    throw RendezvousClosedError("job '" + run_id + "' at " + endpoint + " has already formed (" +
+                                std::to_string(nnodes) +
+                                " nodes) and admits no other node; check --master_port, or "
+                                "start this node with the job's other nodes");
+  }
+  auto differ = [&](const char* flag, int theirs, int mine) {
+    std::string why = std::string("nodes disagree on ") + flag + ": node 0 has " +
+                      std::to_string(theirs) + ", node " + std::to_string(options_.node_rank) +
+                      " (" + options_.host + ") has " + std::to_string(mine) +
+                      "; give every node the same value";
+    // Same job, not formed yet: tell the others, so that they stop too.
+    job.compare_set(kRefusedKey, "", why);
+    log->debug("refusing job '{}': {}", run_id, why);
+    throw ConfigError(why);
+  };
+  if (nnodes != options_.nnodes) differ("--nnodes", nnodes, options_.nnodes);
+  if (max_restarts != options_.max_restarts) {
+    differ("--max_restarts", max_restarts, options_.max_restarts);
+  }
+}
+
+void StaticHandler::await_nodes(store::Store& job, const std::vector<std::string>& keys,
+                                Clock::time_point deadline, const std::string& endpoint) {
+  auto log = get_logger("rdzv");
+  auto next_log = Clock::now() + options_.wait_log_interval;
+  auto missing = [&] {
+    std::string m;
+    int joined = 0;
+    for (int r = 0; r < options_.nnodes; ++r) {
+      if (job.check({node_key(r)})) {
+        ++joined;
+      } else {
+        m += (m.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    return std::to_string(joined) + " of " + std::to_string(options_.nnodes) +
+           " nodes joined (missing node ranks " + m + "; endpoint " + endpoint + ")";
+  };
+  for (;;) {
+    try {
+      job.wait(keys, std::clamp(left_until(deadline), milliseconds(1), milliseconds(200)));
+      return;
+    } catch (const TimeoutError&) {
+    }
+    if (job.check({kRefusedKey})) throw ConfigError(job.get(kRefusedKey));
+    if (Clock::now() >= deadline) {
+      throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
+                         seconds(options_.timeout) + ": " + missing() +
+                         "; start every node with the same --nnodes, --master_addr and "
+                         "--master_port");
+    }
+    if (Clock::now() >= next_log) {
+      next_log = Clock::now() + options_.wait_log_interval;
+      log->info("rendezvous '{}': waiting for the other nodes: {}", options_.run_id, missing());
+    }
+  }
+}
+
 RendezvousInfo StaticHandler::next_rendezvous() {
   auto log = get_logger("rdzv");
-  const auto start = std::chrono::steady_clock::now();
-  std::string endpoint = options_.master_addr + ":" + std::to_string(options_.master_port);
+  const auto start = Clock::now();
+  const auto deadline = start + options_.timeout;
+  const std::string addr = strip_brackets(options_.master_addr);
   int port = options_.master_port;
+  auto endpoint_of = [&](int p) {
+    return (addr.find(':') != std::string::npos ? "[" + addr + "]" : addr) + ":" +
+           std::to_string(p);
+  };
+  std::string endpoint = endpoint_of(port);
 
   if (options_.node_rank == 0 && !server_) {
     store::ServerOptions so = options_.server;
-    // As torch's agent binds: reachable on every interface; a job whose master
-    // is this machine's loopback address stays on it.
-    const std::string& m = options_.master_addr;
-    so.host = (m == "localhost" || m.rfind("127.", 0) == 0) ? "127.0.0.1" : "0.0.0.0";
+    so.host = bind_address_for(addr);  // IoError: not resolvable, not this host
     so.port = static_cast<uint16_t>(options_.master_port);
     server_ = store::TcpStoreServer::start(so);  // IoError names the port
     port = server_->port();
-    endpoint = options_.master_addr + ":" + std::to_string(port);
-    log->debug("hosting the job's store on port {}", port);
+    endpoint = endpoint_of(port);
+    log->debug("hosting the job's store on {} port {}", so.host, port);
   } else if (server_) {
     port = server_->port();
+    endpoint = endpoint_of(port);
   }
 
   const std::string prefix = std::string(kNamespace) + "/" + options_.run_id;
-  const std::string addr = options_.master_addr;
-  // Each store call of the agents is short; long waits pass their own timeout.
-  auto connect = [addr, port, prefix](std::chrono::milliseconds connect_timeout,
-                                      std::chrono::milliseconds op_timeout) {
+  auto tcp = [addr, port](milliseconds connect_timeout, milliseconds op_timeout) {
     store::TcpStoreOptions o;
     o.host = addr;
     o.port = static_cast<uint16_t>(port);
     o.connect_timeout = connect_timeout;
     o.timeout = op_timeout;
-    return std::make_shared<store::PrefixStore>(prefix, std::make_shared<store::TcpStore>(o));
+    return std::make_shared<store::TcpStore>(o);
+  };
+  // Each store call of the agents is short; long waits pass their own timeout.
+  auto connect = [tcp, prefix](milliseconds connect_timeout, milliseconds op_timeout) {
+    return std::make_shared<store::PrefixStore>(prefix, tcp(connect_timeout, op_timeout));
   };
 
-  std::shared_ptr<store::Store> store;
-  try {
-    store = connect(options_.timeout, std::chrono::milliseconds(30'000));
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(
-        "rendezvous '" + options_.run_id + "' failed: cannot reach the store of node 0 at " +
-        endpoint + " within " + std::to_string(options_.timeout.count() / 1000) +
-        "s; check that node 0 runs and that --master_addr/--master_port point to it (" + e.what() +
-        ")");
+  // Reach node 0's store, as torch's client does: retry an address that does
+  // not resolve or answer until the rendezvous timeout, saying what we wait for.
+  std::shared_ptr<store::TcpStore> conn;
+  auto next_log = start + options_.wait_log_interval;
+  for (;;) {
+    auto slice = std::clamp(left_until(std::min(deadline, next_log)), milliseconds(1),
+                            options_.wait_log_interval);
+    try {
+      conn = tcp(slice, milliseconds(30'000));
+      break;
+    } catch (const TimeoutError& e) {
+      if (Clock::now() >= deadline) {
+        throw TimeoutError("rendezvous '" + options_.run_id +
+                           "' failed: cannot reach the store of node 0 at " + endpoint +
+                           " within " + seconds(options_.timeout) +
+                           "; check that node 0 runs and that --master_addr/--master_port "
+                           "point to it (" +
+                           e.what() + ")");
+      }
+      if (Clock::now() >= next_log) {
+        next_log = Clock::now() + options_.wait_log_interval;
+        log->info("rendezvous '{}': waiting for node 0's store at {} ({} of {} left): {}",
+                  options_.run_id, endpoint, seconds(left_until(deadline)),
+                  seconds(options_.timeout), e.what());
+      } else {
+        // The client gives up early when its backoff outlasts the slice.
+        std::this_thread::sleep_for(std::min(left_until(deadline), milliseconds(20)));
+      }
+    }
+  }
+  auto root = std::make_shared<store::PrefixStore>(kNamespace, conn);
+  auto store = std::make_shared<store::PrefixStore>(prefix, conn);
+
+  if (options_.node_rank == 0) {
+    // Before any node can announce itself: what this job is.
+    nlohmann::json settings = {{"run_id", options_.run_id},
+                               {"nnodes", options_.nnodes},
+                               {"max_restarts", options_.max_restarts}};
+    root->set(kJobKey, settings.dump());
+  } else {
+    for (;;) {
+      try {
+        root->wait({kJobKey},
+                   std::clamp(left_until(deadline), milliseconds(1), options_.wait_log_interval));
+        break;
+      } catch (const TimeoutError&) {
+      }
+      if (Clock::now() >= deadline) {
+        throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
+                           seconds(options_.timeout) + ": the store at " + endpoint +
+                           " never said which job it serves; is it node 0 of a ctorchrun job?");
+      }
+      log->info("rendezvous '{}': waiting for node 0 at {} to publish the job's settings",
+                options_.run_id, endpoint);
+    }
+    check_admission(*root, *store, endpoint);
   }
 
   // Announce ourselves; a rank already taken by someone else is a mistake.
@@ -76,37 +316,21 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   std::string got = store->compare_set(node_key(options_.node_rank), "", mine);
   if (got != mine) {
     auto other = nlohmann::json::parse(got, nullptr, false);
-    throw ConfigError(
-        "node rank " + std::to_string(options_.node_rank) + " is already taken in job '" +
-        options_.run_id + "' by host " +
-        (other.is_object() ? other.value("host", std::string("?")) : std::string("?")) + " pid " +
-        (other.is_object() ? std::to_string(other.value("pid", 0)) : "?") +
-        "; give every node a distinct --node_rank");
+    auto host = other.is_object() && other.contains("host") && other["host"].is_string()
+                    ? other["host"].get<std::string>()
+                    : std::string("?");
+    auto pid = other.is_object() && other.contains("pid") && other["pid"].is_number_integer()
+                   ? std::to_string(other["pid"].get<int64_t>())
+                   : std::string("?");
+    throw ConfigError("node rank " + std::to_string(options_.node_rank) +
+                      " is already taken in job '" + options_.run_id + "' by host " + host +
+                      " pid " + pid + "; give every node a distinct --node_rank");
   }
 
   std::vector<std::string> keys;
   for (int r = 0; r < options_.nnodes; ++r) keys.push_back(node_key(r));
-  auto left = options_.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     std::chrono::steady_clock::now() - start);
-  try {
-    store->wait(keys, std::max(left, std::chrono::milliseconds(1)));
-  } catch (const TimeoutError&) {
-    std::string missing;
-    int joined = 0;
-    for (int r = 0; r < options_.nnodes; ++r) {
-      if (store->check({node_key(r)})) {
-        ++joined;
-      } else {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-    }
-    throw TimeoutError(
-        "rendezvous '" + options_.run_id + "' timed out after " +
-        std::to_string(options_.timeout.count() / 1000) + "s: " + std::to_string(joined) + " of " +
-        std::to_string(options_.nnodes) + " nodes joined (missing node ranks " + missing +
-        "; endpoint " + endpoint +
-        "); start every node with the same --nnodes, --master_addr and --master_port");
-  }
+  await_nodes(*store, keys, deadline, endpoint);
+  if (options_.node_rank == 0) root->set(kFormedKey, "1");
 
   RendezvousInfo info;
   auto values = store->multi_get(keys);
@@ -117,21 +341,36 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   if (options_.node_rank == 0) {
     try {
       store->wait({"nodes_all_read"},
-                  std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::seconds(10)));
+                  std::min<milliseconds>(options_.timeout, milliseconds(10'000)));
     } catch (const TimeoutError&) {
       // A node died between joining and reading: the job will notice.
     }
   }
   for (int r = 0; r < options_.nnodes; ++r) {
+    const std::string key = node_key(r);
     auto j = nlohmann::json::parse(values[static_cast<size_t>(r)], nullptr, false);
-    if (!j.is_object())
-      throw ProtocolError("node " + std::to_string(r) + " announced an unreadable record");
+    if (!j.is_object()) throw ProtocolError("unreadable node record at key '" + key + "'");
+    auto field = [&](const char* name) {
+      auto it = j.find(name);
+      if (it == j.end() || !it->is_number_integer()) {
+        throw ProtocolError("node record at key '" + key + "': '" + name + "' is not an integer");
+      }
+      return it->get<int>();
+    };
     NodeInfo n;
     n.group_rank = r;
-    n.local_world_size = j.value("local_world_size", 0);
-    n.max_restarts = j.value("max_restarts", 0);
-    n.host = j.value("host", std::string());
-    n.pid = j.value("pid", 0);
+    n.local_world_size = field("local_world_size");
+    n.max_restarts = field("max_restarts");
+    n.pid = field("pid");
+    auto h = j.find("host");
+    if (h == j.end() || !h->is_string()) {
+      throw ProtocolError("node record at key '" + key + "': 'host' is not a string");
+    }
+    n.host = h->get<std::string>();
+    if (n.local_world_size < 1) {
+      throw ProtocolError("node record at key '" + key + "': local_world_size " +
+                          std::to_string(n.local_world_size) + " is not positive");
+    }
     if (n.max_restarts != options_.max_restarts) {
       throw ConfigError("nodes disagree on --max_restarts: node " + std::to_string(r) + " (" +
                         n.host + ") has " + std::to_string(n.max_restarts) + ", node " +
@@ -143,13 +382,11 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   info.store = store;
   // Background connections make only quick calls: a frozen store shows as a
   // timeout within seconds.
-  info.connect = [connect] {
-    return connect(std::chrono::milliseconds(3'000), std::chrono::milliseconds(3'000));
-  };
+  info.connect = [connect] { return connect(milliseconds(3'000), milliseconds(3'000)); };
   info.namespace_prefix = std::string("/") + kNamespace + "/";
   info.group_rank = options_.node_rank;
   info.group_world_size = options_.nnodes;
-  info.master_addr = options_.master_addr;
+  info.master_addr = addr;
   info.master_port = port;
   if (server_) {
     store::TcpStoreServer* server = server_.get();

@@ -3,6 +3,24 @@
 // StaticHandler: torchrun's static rendezvous. --nnodes=N fixed, each node
 // gives its --node_rank, node 0 hosts the store at master_addr:master_port and
 // the others connect to it, retrying until the rendezvous timeout.
+//
+// Admission (the keys are listed in agent/protocol.h): node 0 publishes the
+// job's settings (run id, nnodes, max_restarts) before any node can announce
+// itself, and a "formed" marker once every node has. A joining node reads the
+// settings first and refuses, in this order: a store that serves another run
+// id (RendezvousClosedError), a job already formed (RendezvousClosedError),
+// different nnodes or max_restarts (ConfigError; the node also leaves a
+// refusal in the job so that the others stop too, naming both values), a node
+// rank already taken (ConfigError). A node that is refused writes nothing into
+// a job that has formed or belongs to another run id.
+//
+// Addresses: master_addr may be a name, an IPv4 or IPv6 literal, or an IPv6
+// literal in brackets ("[::1]"); brackets are removed everywhere (workers get
+// MASTER_ADDR without them). Node 0 binds so that it is reachable at that
+// address: a loopback literal (or "localhost") itself, anything else the
+// wildcard of its family. An address that does not resolve or is not one of
+// this host's is an IoError at once on node 0; the other nodes retry it until
+// the rendezvous timeout, logging what they wait for every wait_log_interval.
 
 #include <chrono>
 #include <memory>
@@ -29,7 +47,16 @@ struct StaticOptions {
   std::string host;  // this node's address as announced to others
   // Limits of the store node 0 hosts (its host and port come from the fields above).
   store::ServerOptions server;
+  std::chrono::milliseconds wait_log_interval{30'000};  // "still waiting" lines
 };
+
+// master_addr without the brackets of an IPv6 literal ("[::1]" -> "::1").
+std::string strip_brackets(const std::string& addr);
+
+// Where node 0's store binds so that it is reachable at `master_addr`
+// (brackets already removed). Throws IoError naming the address when it does
+// not resolve or belongs to no interface of this host.
+std::string bind_address_for(const std::string& master_addr);
 
 class StaticHandler : public Handler {
  public:
@@ -44,6 +71,12 @@ class StaticHandler : public Handler {
   static constexpr const char* kNamespace = "ctorchrun";
 
  private:
+  // Reads the job's settings and refuses a job this node must not join.
+  void check_admission(store::Store& root, store::Store& job, const std::string& endpoint);
+  // Waits for every node's record, or ends at a refusal left by another node.
+  void await_nodes(store::Store& job, const std::vector<std::string>& keys,
+                   std::chrono::steady_clock::time_point deadline, const std::string& endpoint);
+
   StaticOptions options_;
   std::unique_ptr<store::TcpStoreServer> server_;
 };

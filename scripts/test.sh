@@ -13,21 +13,30 @@ cd "$(dirname "$0")/.."
 export CTORCHRUN_PYTHON=${CTORCHRUN_PYTHON:-/usr/bin/python3}
 jobs=${CTEST_JOBS:-2}
 fuzz_seconds=${FUZZ_SECONDS:-30}
+# Time per phase; CTest adds its own time per label ("Label Time Summary").
+phase_start=$SECONDS
+phase_done() { echo "== $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"; phase_start=$SECONDS; }
 
 scripts/setup.sh
+phase_done setup
 scripts/build.sh -DCTORCHRUN_WERROR=ON
+phase_done "release build"
 # -O1 with line tables: readable sanitizer reports, and much quicker to
 # compile than the Release build's -O3.
 BUILD_DIR=build-asan scripts/build.sh -DCTORCHRUN_WERROR=ON -DCTORCHRUN_SANITIZE=address,undefined \
   -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1"
+phase_done "sanitizer build"
 
 scripts/format.sh --check
 scripts/check_tests.sh build
 scripts/fuzz.sh "$fuzz_seconds"
+phase_done "format, test registration and fuzz checks"
 
 echo "== unit, net and multiproc tests under ASan+UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest -L 'unit|net|multiproc' --output-on-failure -j "$jobs")
+phase_done "sanitized tests"
 
 echo "== every test but gpu"
 (cd build && ctest -LE gpu --output-on-failure -j "$jobs")
+phase_done "unsanitised tests"

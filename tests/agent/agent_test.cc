@@ -8,9 +8,12 @@
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
+#include "common/error.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 
@@ -37,6 +40,9 @@ class FakeLauncher : public worker::Launcher {
       pid_t pid = next_pid_++;
       pids.push_back(pid);
       auto code = script_(attempt, s.local_rank);
+      if (code && *code != 0 && !error_file_content.empty()) {
+        std::ofstream(s.env.at("TORCHELASTIC_ERROR_FILE")) << error_file_content;
+      }
       if (code) {
         worker::WorkerExit e;
         e.local_rank = s.local_rank;
@@ -85,9 +91,24 @@ class FakeLauncher : public worker::Launcher {
     std::lock_guard<std::mutex> lock(mutex_);
     return running_.size();
   }
+  // Every running worker exits with `code` now.
+  void finish_all(int code) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int lr : running_) {
+      worker::WorkerExit e;
+      e.local_rank = lr;
+      e.exit_code = code;
+      e.time = std::chrono::system_clock::now();
+      pending_.push_back(e);
+    }
+    running_.clear();
+    cv_.notify_all();
+  }
 
   std::vector<std::vector<worker::WorkerSpec>> starts;
   std::vector<int> stop_signals;
+  // Written to the error file of each worker that fails (when not empty).
+  std::string error_file_content;
 
  private:
   Script script_;
@@ -103,16 +124,20 @@ class FakeLauncher : public worker::Launcher {
 class FakeRendezvous : public rendezvous::Handler {
  public:
   rendezvous::RendezvousInfo next_rendezvous() override {
+    if (fail_with_bug) CTORCHRUN_CHECK(false, "a broken invariant in the rendezvous");
     rendezvous::RendezvousInfo info;
     auto ns = std::make_shared<store::PrefixStore>("ctorchrun/none", hash);
     info.store = ns;
     info.connect = [ns] { return ns; };
     info.namespace_prefix = "ctorchrun/";
-    info.group_rank = 0;
-    info.group_world_size = 1;
-    info.nodes = {rendezvous::NodeInfo{0, 2, 0, "fakehost", 1}};
+    info.group_rank = rank;
+    info.group_world_size = world;
+    for (int n = 0; n < world; ++n) {
+      info.nodes.push_back(rendezvous::NodeInfo{n, 2, 0, "fakehost" + std::to_string(n), 1});
+    }
     info.master_addr = "127.0.0.1";
     info.master_port = 1234;
+    if (rank != 0) return info;  // only node 0 hosts the store
     info.clear_worker_keys = [this] {
       ++clears;
       hash->set("worker-key-seen-by-next-attempt", "");
@@ -124,18 +149,36 @@ class FakeRendezvous : public rendezvous::Handler {
 
   std::shared_ptr<store::HashStore> hash = std::make_shared<store::HashStore>();
   int clears = 0;
+  bool fail_with_bug = false;
+  int rank = 0;   // this node's group rank; 0 hosts the store
+  int world = 1;  // nodes in the job; the test plays the others
 
  private:
   std::string id_ = "none";
 };
 
+// A fresh log directory per test, removed at exit.
+struct LogDir {
+  LogDir() {
+    char tmpl[] = "/tmp/ctorchrun_agent_test_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~LogDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
 agent::LaunchConfig config(int max_restarts) {
+  static LogDir dir;
   agent::LaunchConfig c;
   c.nproc_per_node = 2;
   c.max_restarts = max_restarts;
   c.entrypoint = {"/bin/true"};
   c.entrypoint_name = "/bin/true";
-  c.log_dir = "/tmp/ctorchrun_agent_test_logs";
+  c.log_dir = dir.path;
   c.shutdown_timeout = 100ms;
   return c;
 }
@@ -209,4 +252,115 @@ TEST_CASE("agent: a signal while workers run is forwarded, then the agent exits 
   REQUIRE_FALSE(launcher.stop_signals.empty());
   CHECK(launcher.stop_signals.front() == SIGTERM);
   CHECK(launcher.starts.size() == 1);
+}
+
+TEST_CASE("issue 6: a malformed failure record of another node is a protocol error, exit 3",
+          "[unit]") {
+  FakeLauncher launcher([](int, int) -> std::optional<int> { return std::nullopt; });
+  FakeRendezvous rdzv;
+  auto c = config(3);
+  agent::EventLog events("", "none", 0);
+  agent::ElasticAgent a(c, rdzv, launcher, events);
+  std::thread t([&] {
+    for (int i = 0; i < 2000 && launcher.running() == 0; ++i) std::this_thread::sleep_for(1ms);
+    rdzv.hash->set("ctorchrun/none/attempt/0/failure", R"({"rank":"x","node_rank":1})");
+  });
+  auto r = a.run();
+  t.join();
+  INFO(r.message);
+  CHECK(r.exit_code == 3);
+  CHECK(r.message.find("protocol error") != std::string::npos);
+  CHECK(r.message.find("'rank'") != std::string::npos);
+  CHECK(r.message.find("attempt/0/failure") != std::string::npos);
+  CHECK(launcher.running() == 0);
+}
+
+TEST_CASE("issue 6: an error file of unexpected types is named in the summary, the restart goes on",
+          "[unit]") {
+  FakeLauncher launcher([](int, int lr) -> std::optional<int> {
+    if (lr == 1) return 5;
+    return std::nullopt;
+  });
+  launcher.error_file_content = R"({"message":{"message":123}})";
+  FakeRendezvous rdzv;
+  auto r = run_agent(launcher, rdzv, 1);
+  CHECK(r.exit_code == 1);
+  CHECK(launcher.starts.size() == 2);  // the restart happened
+  REQUIRE(r.failures.size() == 1);
+  INFO(r.failures[0].message);
+  CHECK(r.failures[0].message.find("error file unreadable: ") == 0);
+  CHECK(r.failures[0].message.find("error.json") != std::string::npos);
+  CHECK(r.failures[0].exit_code == 5);
+}
+
+TEST_CASE("issue 6: the signal relay never points at a destroyed agent, even when run() throws",
+          "[unit]") {
+  FakeLauncher launcher([](int, int) { return 0; });
+  FakeRendezvous rdzv;
+  rdzv.fail_with_bug = true;
+  auto c = config(0);
+  agent::EventLog events("", "none", 0);
+  {
+    agent::ElasticAgent a(c, rdzv, launcher, events);
+    agent::set_signal_relay(&a);
+    // A broken invariant is an internal error (exit 70 in main), never "lost
+    // the job's store".
+    CHECK_THROWS_AS(a.run(), InternalError);
+    CHECK(agent::signal_relay() == &a);
+  }
+  CHECK(agent::signal_relay() == nullptr);
+}
+
+namespace {
+
+// Node 1 of two, with node 0 played by the test through the store.
+struct SecondNode {
+  SecondNode() {
+    rdzv.rank = 1;
+    rdzv.world = 2;
+    c.keep_alive_interval = std::chrono::milliseconds(10);
+    c.node_timeout = c.keep_alive_interval * c.keep_alive_max_attempt;
+  }
+  void set(const std::string& key, const std::string& value) {
+    rdzv.hash->set("ctorchrun/none/" + key, value);
+  }
+  FakeLauncher launcher{[](int, int) -> std::optional<int> { return std::nullopt; }};
+  FakeRendezvous rdzv;
+  agent::LaunchConfig c = config(0);
+  agent::EventLog events{"", "none", 1};
+};
+
+}  // namespace
+
+TEST_CASE("issue 6: a node that left after finishing does not end the workers of another",
+          "[unit]") {
+  SecondNode n;
+  agent::ElasticAgent a(n.c, n.rdzv, n.launcher, n.events);
+  agent::RunResult r;
+  std::thread t([&] { r = a.run(); });
+  for (int i = 0; i < 5000 && n.launcher.running() == 0; ++i) std::this_thread::sleep_for(1ms);
+  // Node 0 finished attempt 0 and left; this node's workers still run.
+  n.set("attempt/0/finished", "0,");
+  n.set("liveness", R"({"seq":1,"dead":[],"gone":[0]})");
+  std::this_thread::sleep_for(100ms);
+  CHECK(n.launcher.running() == 2);
+  n.launcher.finish_all(0);
+  t.join();
+  INFO(r.message);
+  CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("issue 6: a node that left without finishing ends a static job with exit 3 naming it",
+          "[unit]") {
+  SecondNode n;
+  agent::ElasticAgent a(n.c, n.rdzv, n.launcher, n.events);
+  agent::RunResult r;
+  std::thread t([&] { r = a.run(); });
+  for (int i = 0; i < 5000 && n.launcher.running() == 0; ++i) std::this_thread::sleep_for(1ms);
+  n.set("liveness", R"({"seq":1,"dead":[],"gone":[0]})");
+  t.join();
+  INFO(r.message);
+  CHECK(r.exit_code == 3);
+  CHECK(r.message.find("node 0 (fakehost0) left the job") != std::string::npos);
+  CHECK(n.launcher.running() == 0);
 }

@@ -90,6 +90,34 @@ bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
   return false;
 }
 
+bool wait_for_line(Process& p, const std::string& needle, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    auto line = p.read_line(left);
+    if (!line) return false;
+    if (line->find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+bool wait_for_port(int port, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 bool process_gone_within(int pid, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   for (;;) {

@@ -46,6 +46,11 @@ bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout);
 bool process_gone_within(int pid, std::chrono::milliseconds timeout);
 // Reads the integers in the files of `dir` whose names start with `prefix`.
 std::vector<int> read_pids(const std::string& dir, const std::string& prefix);
+// Readiness signals. Reads `p`'s output (bounded) until a line contains
+// `needle`; true if one did.
+bool wait_for_line(Process& p, const std::string& needle, std::chrono::milliseconds timeout);
+// Waits (bounded) until something accepts connections on 127.0.0.1:`port`.
+bool wait_for_port(int port, std::chrono::milliseconds timeout);
 // Number of lines of `text` containing `needle`.
 int count_lines_with(const std::string& text, const std::string& needle);
 

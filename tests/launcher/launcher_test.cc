@@ -231,7 +231,7 @@ TEST_CASE("ctorchrun: two nodes, the second started first: a failure on node 1 r
                worker));
   };
   auto n1 = node(1);
-  std::this_thread::sleep_for(300ms);
+  REQUIRE(wait_for_line(*n1, "starting node_rank=1", 30s));
   auto n0 = node(0);
   int rc0 = n0->exit_code(60s);
   int rc1 = n1->exit_code(60s);
@@ -288,7 +288,7 @@ TEST_CASE("ctorchrun: usage errors exit 2, a busy port exits 4, an unreachable m
   std::string port = std::to_string(free_port());
   auto holder = start_ctorchrun({"--nnodes=2", "--node_rank=0", "--master_port=" + port,
                                  "--rdzv_conf=timeout=30", "--no_python", "/bin/true"});
-  std::this_thread::sleep_for(500ms);
+  REQUIRE(wait_for_port(std::stoi(port), 30s));
   auto t0 = std::chrono::steady_clock::now();
   r = run_ctorchrun({"--master_port=" + port, "--no_python", "/bin/true"});
   INFO(r.output);

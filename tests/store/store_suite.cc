@@ -145,17 +145,22 @@ void run_store_suite(const StoreFactory& make_client) {
     INFO("a blocked wait is released by another client's set");
     std::exception_ptr error;
     double waited = -1;
+    std::atomic<bool> connected{false};
     std::thread waiter([&] {
       try {
         auto w = make_client();
+        connected = true;
         auto t0 = Clock::now();
         w->wait({p + "go1", p + "go2"}, 10s);
         waited = seconds_since(t0);
       } catch (...) {
         error = std::current_exception();
+        connected = true;
       }
     });
-    std::this_thread::sleep_for(100ms);
+    // Ready once the waiter's client exists; its wait follows at once (if the
+    // keys come first, the wait returns at once: the outcome is the same).
+    for (int i = 0; i < 10000 && !connected; ++i) std::this_thread::sleep_for(1ms);
     s->set(p + "go1", "x");
     s->add(p + "go2", 1);
     waiter.join();

@@ -1,0 +1,85 @@
+#pragma once
+
+// The agents' cross-node protocol: every key the agents of one job keep in
+// its store, who writes it, who waits on it, and the order of events in an
+// attempt. store/protocol.h documents the wire below it.
+//
+// Namespaces (raw keys on the wire, see rendezvous/static_handler.h):
+//   /ctorchrun/<key>            one job per store: its settings and admission
+//   /ctorchrun/<run_id>/<key>   the job's agents (the keys below)
+// Workers' keys (torch's "/worker/attempt_<k>/", "/default_pg/", ...) live
+// outside "/ctorchrun/" and are erased by the store host between attempts.
+//
+// Admission (rendezvous/static_handler.cc), before any worker starts:
+//   ctorchrun/job          set by node 0 before any node may announce itself:
+//                          {"run_id", "nnodes", "max_restarts"}; a joining
+//                          node reads it first (bounded by the rendezvous
+//                          timeout) and refuses another run id or a formed job
+//   ctorchrun/formed       set by node 0 once every node announced itself
+//   nodes/<n>              node n's record (compare_set: a rank is taken once)
+//   refused                why a node of this job refused it (nnodes or
+//                          max_restarts differ); every waiting node stops
+//   nodes_read, nodes_all_read
+//                          ADD counter of nodes that read the records; node 0
+//                          keeps the store up until all did (at most 10 s)
+//
+// Liveness (agent/job_monitor.h), from the rendezvous until a node leaves:
+//   alive/<n>              ADD counter: node n's heartbeat, written by node n
+//                          alone every keep_alive_interval
+//   liveness               written by the store host alone, every
+//                          keep_alive_interval: {"seq", "dead", "gone"}. A node
+//                          is dead when its heartbeat did not move for
+//                          keep_alive_interval x keep_alive_max_attempt; gone
+//                          lists the nodes that said they left. The others read
+//                          this one key: O(1) store requests per node and
+//                          interval, O(N) on the host alone.
+//   gone/<n>               set by node n when it leaves for good (any outcome)
+//
+// One attempt k (k = 0 .. max_restarts), on every node:
+//   1. start the local workers (TORCHELASTIC_RESTART_COUNT=k);
+//   2. watch: a local worker fails -> compare_set attempt/<k>/failure with
+//      this node's root-cause record (the first writer wins: the job's root
+//      cause); every node's monitor waits on that key and wakes its agent;
+//      a dead or departed node, or the store lost, ends a static job (exit 3);
+//   3a. all local workers succeeded -> the exit barrier:
+//        attempt/<k>/finished  APPEND "<n>," by each node whose workers
+//                              succeeded; the node whose read-back lists all N
+//                              sets attempt/<k>/all_done (one request a second
+//                              tells a waiting node who still runs workers)
+//       A node waits on all_done without limit while another node is alive
+//       and has neither finished nor left (a failure there still restarts the
+//       job: attempt/<k>/failure ends the barrier); exit_barrier_timeout bounds
+//       only a wait for nodes whose liveness is unknown. The store host then
+//       waits for gone/<n> of every live node: it leaves last.
+//   3b. a failure anywhere -> every node stops its workers, then:
+//        attempt/<k>/stopped   APPEND "<n>," once node n's workers are stopped;
+//                              the node that completes the list sets
+//                              attempt/<k>/all_stopped
+//        attempt/<k>/clean     set by the store host once it erased the
+//                              workers' keys (not on the last attempt)
+//       Each wait is bounded by the liveness of the nodes waited for and by a
+//       deadline (shutdown_timeout plus the liveness window plus a margin);
+//       its error names the nodes that did not report. Then attempt k+1, or,
+//       after the last, exit 1 (the store host waits up to 10 s for
+//       all_stopped so that every node reads the failure first).
+
+#include <string>
+
+namespace ctorchrun::agent::keys {
+
+inline std::string attempt_key(int attempt, const char* what) {
+  return "attempt/" + std::to_string(attempt) + "/" + what;
+}
+
+inline std::string alive(int node) { return "alive/" + std::to_string(node); }
+inline std::string gone(int node) { return "gone/" + std::to_string(node); }
+inline std::string liveness() { return "liveness"; }
+
+inline std::string failure(int attempt) { return attempt_key(attempt, "failure"); }
+inline std::string stopped(int attempt) { return attempt_key(attempt, "stopped"); }
+inline std::string all_stopped(int attempt) { return attempt_key(attempt, "all_stopped"); }
+inline std::string clean(int attempt) { return attempt_key(attempt, "clean"); }
+inline std::string finished(int attempt) { return attempt_key(attempt, "finished"); }
+inline std::string all_done(int attempt) { return attempt_key(attempt, "all_done"); }
+
+}  // namespace ctorchrun::agent::keys
