@@ -1,7 +1,6 @@
 #include "collectives/process_group.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <set>
 #include <utility>
@@ -72,8 +71,6 @@ void wait_for_ranks(store::Store& store, int rank, int size, milliseconds timeou
   }
 }
 
-std::atomic<int> process_groups_initialised{0};
-
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, BackendContext context,
@@ -137,8 +134,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       where = "store " + master_addr + ":" + std::to_string(port);
     }
   }
-  const std::string prefix = std::string(kStorePrefix) + "/attempt_" + std::to_string(attempt) +
-                             "/pg_" + std::to_string(process_groups_initialised++);
+  // The n-th init_process_group of rank r uses group n: a per-rank counter
+  // in the store (not in the process, where threads may play several ranks),
+  // so a job that builds and destroys groups never reuses an old group's keys.
+  const std::string attempt_prefix =
+      std::string(kStorePrefix) + "/attempt_" + std::to_string(attempt);
+  store::PrefixStore attempt_store(attempt_prefix, root);
+  const int64_t generation = attempt_store.add("inits/rank_" + std::to_string(rank), 1);
+  const std::string prefix = attempt_prefix + "/pg_" + std::to_string(generation);
   auto group_store = std::make_shared<store::PrefixStore>(prefix, root);
   auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
   wait_for_ranks(*group_store, rank, world, std::max(left, milliseconds(1)),

@@ -169,6 +169,8 @@ class ProcessGroup {
 };
 
 // Builds the default group from the environment (see the top of this file).
+// Every rank must call it the same number of times (each call makes a new
+// group with keys of its own).
 // Blocks until every rank has arrived, at most options.timeout; on timeout the
 // TimeoutError names the ranks that never arrived. Throws ConfigError for a
 // missing or malformed variable, IoError when the store cannot be reached.
