@@ -1,0 +1,79 @@
+"""torch.distributed (gloo) counterpart of ctorch-collective-bench.
+
+Run under ctorchrun or torchrun with the same flags; rank 0 prints one JSON
+object per size with the same fields and the same definitions (nccl-tests
+sizes and bus-bandwidth factors, mean time of the slowest rank), so the two
+can be compared line by line. all_gather uses torch's list form, as users
+call it (torch 1.13 has no all_gather_into_tensor for gloo).
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def parse_size(text):
+    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    digits = text.rstrip("BKMG")
+    return int(digits) * units[text[len(digits):]]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--op", default="all_reduce", choices=["all_reduce", "broadcast", "all_gather"])
+    p.add_argument("--min-bytes", default="4")
+    p.add_argument("--max-bytes", default="64M")
+    p.add_argument("--iters", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=-1)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nbytes = max(parse_size(a.min_bytes), 4)
+    while nbytes <= parse_size(a.max_bytes):
+        count = nbytes // 4
+        if a.op == "all_gather":
+            count //= world
+        if count == 0:
+            nbytes *= 2
+            continue
+        t = torch.ones(count, dtype=torch.float32)
+        real_bytes = count * 4 * (world if a.op == "all_gather" else 1)
+        iters = a.iters or min(max((1 << 30) // real_bytes, 5), 1000)
+        warmup = a.warmup if a.warmup >= 0 else max(2, iters // 10)
+
+        def run():
+            if a.op == "all_reduce":
+                dist.all_reduce(t)
+            elif a.op == "broadcast":
+                dist.broadcast(t, 0)
+            else:
+                out = [torch.empty_like(t) for _ in range(world)]
+                dist.all_gather(out, t)
+
+        for _ in range(warmup):
+            run()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            run()
+        elapsed = torch.tensor([(time.perf_counter() - start) * 1e6 / iters], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        time_us = elapsed.item()
+        algbw = real_bytes / time_us / 1e3
+        factor = {"all_reduce": 2 * (world - 1) / world, "broadcast": 1.0,
+                  "all_gather": (world - 1) / world}[a.op]
+        if rank == 0:
+            print(json.dumps({"op": a.op, "bytes": real_bytes, "world": world, "time_us": time_us,
+                              "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
+                              "backend": "torch-gloo", "iters": iters}), flush=True)
+        nbytes *= 2
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

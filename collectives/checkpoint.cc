@@ -1,0 +1,199 @@
+#include "collectives/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "collectives/sha256.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace ctorchrun::dist {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'T', 'C', 'K', 'P', 'T', '0', '1'};
+constexpr size_t kHeader = 24;
+constexpr size_t kTrailer = 32;
+constexpr const char* kNamePrefix = "ckpt-";
+constexpr const char* kNameSuffix = ".ctckpt";
+
+[[noreturn]] void io_fail(const std::string& what, const std::string& path) {
+  throw IoError("checkpoint: " + what + " '" + path + "' failed: " + std::strerror(errno));
+}
+
+void put_u64(std::string* out, uint64_t value) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+uint64_t get_u64(const std::string& in, size_t at) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) {
+    value |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+  }
+  return value;
+}
+
+void write_all(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      io_fail("write of", path);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void fsync_path(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) io_fail("open for fsync of", path);
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    io_fail("fsync of", path);
+  }
+  ::close(fd);
+}
+
+std::optional<int64_t> step_of(const std::string& name) {
+  const std::string prefix = kNamePrefix;
+  const std::string suffix = kNameSuffix;
+  if (name.size() <= prefix.size() + suffix.size()) return std::nullopt;
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return std::nullopt;
+  const std::string digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return std::stoll(digits);
+}
+
+}  // namespace
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  char digits[32];
+  std::snprintf(digits, sizeof digits, "%012lld", static_cast<long long>(step));
+  return dir + "/" + kNamePrefix + digits + kNameSuffix;
+}
+
+std::string save_checkpoint(const std::string& dir, int64_t step, std::string_view payload,
+                            int keep_last) {
+  if (step < 0) throw ConfigError("checkpoint: the step must not be negative");
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) io_fail("mkdir of", dir);
+  std::string header(kMagic, sizeof kMagic);
+  put_u64(&header, static_cast<uint64_t>(step));
+  put_u64(&header, payload.size());
+  Sha256 hash;
+  hash.update(header);
+  hash.update(payload);
+  const auto digest = hash.finish();
+
+  const std::string final_path = checkpoint_path(dir, step);
+  const std::string temp_path =
+      dir + "/.tmp-" + std::to_string(::getpid()) + "-" + final_path.substr(dir.size() + 1);
+  int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_fail("create of", temp_path);
+  try {
+    write_all(fd, header.data(), header.size(), temp_path);
+    write_all(fd, payload.data(), payload.size(), temp_path);
+    write_all(fd, reinterpret_cast<const char*>(digest.data()), digest.size(), temp_path);
+    if (::fsync(fd) != 0) io_fail("fsync of", temp_path);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp_path.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) io_fail("close of", temp_path);
+  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    ::unlink(temp_path.c_str());
+    io_fail("rename into", final_path);
+  }
+  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+
+  if (keep_last > 0) {
+    auto steps = list_checkpoints(dir);
+    if (steps.size() > static_cast<size_t>(keep_last)) {
+      for (size_t i = 0; i + static_cast<size_t>(keep_last) < steps.size(); ++i) {
+        ::unlink(checkpoint_path(dir, steps[i]).c_str());
+      }
+      fsync_path(dir, O_RDONLY | O_DIRECTORY);
+    }
+  }
+  return final_path;
+}
+
+std::optional<Checkpoint> load_checkpoint(const std::string& path, std::string* why) {
+  auto reject = [&](const std::string& reason) -> std::optional<Checkpoint> {
+    if (why != nullptr) *why = reason;
+    return std::nullopt;
+  };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return reject(std::string("cannot open: ") + std::strerror(errno));
+  std::string data;
+  char chunk[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      return reject(std::string("read failed: ") + std::strerror(errno));
+    }
+    if (n == 0) break;
+    data.append(chunk, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (data.size() < kHeader + kTrailer) {
+    return reject("truncated: " + std::to_string(data.size()) + " bytes");
+  }
+  if (data.compare(0, sizeof kMagic, kMagic, sizeof kMagic) != 0) return reject("bad magic");
+  const uint64_t size = get_u64(data, 16);
+  if (size != data.size() - kHeader - kTrailer) {
+    return reject("truncated or torn: the header promises " + std::to_string(size) +
+                  " payload bytes, the file holds " +
+                  std::to_string(data.size() - kHeader - kTrailer));
+  }
+  const auto digest = sha256(data.data(), data.size() - kTrailer);
+  if (std::memcmp(digest.data(), data.data() + data.size() - kTrailer, kTrailer) != 0) {
+    return reject("checksum mismatch (corrupted)");
+  }
+  Checkpoint out;
+  out.step = static_cast<int64_t>(get_u64(data, 8));
+  out.payload = data.substr(kHeader, size);
+  out.path = path;
+  return out;
+}
+
+std::vector<int64_t> list_checkpoints(const std::string& dir) {
+  std::vector<int64_t> steps;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return steps;
+  while (dirent* entry = ::readdir(d)) {
+    if (auto step = step_of(entry->d_name)) steps.push_back(*step);
+  }
+  ::closedir(d);
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
+  auto steps = list_checkpoints(dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const std::string path = checkpoint_path(dir, *it);
+    std::string why;
+    auto loaded = load_checkpoint(path, &why);
+    if (loaded && loaded->step == *it) return loaded;
+    if (loaded) why = "its header says step " + std::to_string(loaded->step);
+    get_logger("coll")->warn("skipping checkpoint {}: {}", path, why);
+  }
+  return std::nullopt;
+}
+
+}  // namespace ctorchrun::dist

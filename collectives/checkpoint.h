@@ -1,0 +1,53 @@
+#pragma once
+
+// Checkpoint helpers: "restart from the last checkpoint" in a few lines.
+//
+//   dist::save_checkpoint(dir, epoch, bytes, /*keep_last=*/3);   // rank 0
+//   if (auto ckpt = dist::load_latest_checkpoint(dir)) resume(ckpt->step, ckpt->payload);
+//
+// Files are DIR/ckpt-<step, 12 digits>.ctckpt, laid out as
+//   "CTCKPT01" | step (int64 LE) | payload size (uint64 LE) | payload |
+//   SHA-256 of everything before it (32 bytes)
+// A save writes a temporary file in DIR, fsyncs it, renames it into place and
+// fsyncs DIR, so a crash at any point leaves either the old set of
+// checkpoints or the new one, never a partial file under the final name. A
+// file that is torn, truncated or corrupted anyway (a disk, a copy, a user)
+// fails the checksum and is skipped, never loaded.
+//
+// Thread safety: none needed beyond the file system's; one writer per DIR.
+// Throws IoError when a file cannot be written, synced or renamed.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ctorchrun::dist {
+
+struct Checkpoint {
+  int64_t step = 0;
+  std::string payload;
+  std::string path;
+};
+
+// The final path of the checkpoint of `step` in `dir`.
+std::string checkpoint_path(const std::string& dir, int64_t step);
+
+// Saves atomically (creating `dir`), then, when keep_last > 0, removes all
+// but the keep_last checkpoints of highest step. Returns the path written.
+std::string save_checkpoint(const std::string& dir, int64_t step, std::string_view payload,
+                            int keep_last = 0);
+
+// Reads and verifies one file; nullopt (and `why`, when given, says what is
+// wrong) if it is missing, truncated, torn or corrupted.
+std::optional<Checkpoint> load_checkpoint(const std::string& path, std::string* why = nullptr);
+
+// The steps of the checkpoint files in `dir`, ascending, valid or not.
+std::vector<int64_t> list_checkpoints(const std::string& dir);
+
+// The valid checkpoint of highest step, skipping (with a warning on the
+// "coll" logger) every invalid one; nullopt if there is none.
+std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
+
+}  // namespace ctorchrun::dist

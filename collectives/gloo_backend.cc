@@ -1,0 +1,545 @@
+#include "collectives/gloo_backend.h"
+
+#include <arpa/inet.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "collectives/reduce_kernels.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace ctorchrun::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+milliseconds remaining(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  return std::max(left, milliseconds(1));
+}
+
+// gloo's rendezvous store over ours, every wait bounded by the set-up deadline.
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(std::shared_ptr<store::Store> store, Clock::time_point deadline)
+      : store_(std::move(store)), deadline_(deadline) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    store_->wait({key}, remaining(deadline_));
+    std::string value = store_->get(key);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    store_->wait(keys, remaining(deadline_));
+  }
+  void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    store_->wait(keys, std::min(timeout, remaining(deadline_)));
+  }
+
+ private:
+  std::shared_ptr<store::Store> store_;
+  Clock::time_point deadline_;
+};
+
+// The local address of the route to `host`: connecting a UDP socket sends
+// nothing but makes the kernel pick the source address it would use.
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) {
+    throw IoError("gloo: cannot resolve MASTER_ADDR '" + host +
+                  "' to choose the interface; set GLOO_SOCKET_IFNAME");
+  }
+  std::string address;
+  for (addrinfo* ai = found; ai != nullptr && address.empty(); ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) address = text;
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  if (address.empty()) {
+    throw IoError("gloo: no route to MASTER_ADDR '" + host + "'; set GLOO_SOCKET_IFNAME");
+  }
+  return address;
+}
+
+// One device (and so one epoll thread) per interface and process, shared by
+// every group on it, as torch shares its default device.
+std::shared_ptr<gloo::transport::Device> device_for(const std::string& master_addr) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<gloo::transport::Device>> devices;
+  gloo::transport::tcp::attr attr;
+  std::string key;
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0') {
+    std::string first(ifname);
+    first = first.substr(0, first.find(','));
+    attr.iface = first;
+    key = "iface " + first;
+  } else {
+    attr.hostname = local_address_towards(master_addr.empty() ? "127.0.0.1" : master_addr);
+    key = "host " + attr.hostname;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto existing = devices[key].lock()) return existing;
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw IoError("gloo: cannot create a TCP device on " + key + ": " + e.what());
+  }
+  devices[key] = device;
+  return device;
+}
+
+template <size_t N>
+struct Blob {
+  unsigned char bytes[N];
+};
+
+std::string describe(const Op& op, int rank, int size) {
+  std::string text = std::string(to_string(op.type));
+  const Buffer& b = op.type == OpType::kSend || op.type == OpType::kAllGather ||
+                            op.type == OpType::kGather || op.type == OpType::kAllToAll ||
+                            op.type == OpType::kScatter || op.type == OpType::kReduceScatter
+                        ? op.input
+                        : op.output;
+  if (op.type != OpType::kBarrier) {
+    text += " of " + std::to_string(b.count) + " " + to_string(b.dtype);
+  }
+  text += " on gloo rank " + std::to_string(rank) + "/" + std::to_string(size);
+  if (op.type == OpType::kSend) text += " to rank " + std::to_string(op.peer);
+  if (op.type == OpType::kRecv) text += " from rank " + std::to_string(op.peer);
+  return text;
+}
+
+[[noreturn]] void rethrow_translated(const std::string& what, milliseconds timeout) {
+  const std::string hint =
+      "; a peer died, hung or was restarted; this group is unusable, exit so the launcher can "
+      "restart the job";
+  try {
+    throw;
+  } catch (const ctorchrun::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    if (message.find("imed out") != std::string::npos) {
+      throw TimeoutError(what + " timed out after " + std::to_string(timeout.count()) +
+                         " ms: " + message + hint);
+    }
+    throw IoError(what + " failed: " + message + hint);
+  }
+}
+
+// send/recv: posted on the caller's thread; gloo completes them on its loop.
+class P2pWork : public Work {
+ public:
+  P2pWork(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
+          milliseconds timeout, std::string description)
+      : buffer_(std::move(buffer)),
+        is_send_(is_send),
+        deadline_(Clock::now() + timeout),
+        timeout_(timeout),
+        description_(std::move(description)) {}
+
+  // gloo's loop holds a raw pointer to the buffer until the operation ends.
+  ~P2pWork() override {
+    try {
+      wait();
+    } catch (const std::exception&) {
+      // The failure was reported by wait() when the owner cared to wait.
+    }
+  }
+
+  void wait() override { wait_until(deadline_, false); }
+  void wait(milliseconds timeout) override {
+    wait_until(std::min(deadline_, Clock::now() + timeout), true);
+  }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+
+ private:
+  void wait_until(Clock::time_point until, bool caller_bound) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!done_) {
+      try {
+        if (is_send_) {
+          buffer_->waitSend(remaining(until));
+        } else {
+          buffer_->waitRecv(remaining(until));
+        }
+        done_ = true;
+      } catch (...) {
+        if (caller_bound && Clock::now() < deadline_) {
+          throw TimeoutError(description_ + " did not complete within the Work::wait timeout");
+        }
+        done_ = true;
+        try {
+          rethrow_translated(description_, timeout_);
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+      }
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+  bool is_send_;
+  Clock::time_point deadline_;
+  milliseconds timeout_;
+  std::string description_;
+  std::mutex mutex_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class GlooBackend : public Backend {
+ public:
+  explicit GlooBackend(const BackendContext& context) : rank_(context.rank), size_(context.size) {
+    if (size_ > 1) {
+      const auto deadline = Clock::now() + context.timeout;
+      auto device = device_for(context.master_addr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+      ctx->setTimeout(context.timeout);
+      StoreAdapter adapter(context.store, deadline);
+      try {
+        ctx->connectFullMesh(adapter, device);
+      } catch (...) {
+        rethrow_translated(
+            "gloo set-up of rank " + std::to_string(rank_) + "/" + std::to_string(size_),
+            context.timeout);
+      }
+      context_ = std::move(ctx);
+    }
+    worker_ = std::thread([this] { work_loop(); });
+  }
+
+  ~GlooBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  std::string name() const override { return "gloo"; }
+
+  WorkHandle run(const Op& op, bool async) override {
+    if (op.type == OpType::kSend || op.type == OpType::kRecv) return post_p2p(op, async);
+    auto work = std::make_shared<PromiseWork>(describe(op, rank_, size_));
+    std::unique_lock<std::mutex> lock(mutex_);
+    Item item{op, next_tag_++, work};
+    if (async) {
+      queue_.push_back(std::move(item));
+      lock.unlock();
+      cv_.notify_all();
+      return work;
+    }
+    // Blocking: run on this thread once everything started before is done,
+    // saving the hand-off to the worker thread (a few microseconds a call).
+    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      execute(item);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    if (error) std::rethrow_exception(error);
+    work->finish(nullptr);
+    return work;
+  }
+
+ private:
+  struct Item {
+    Op op;
+    uint32_t tag;
+    std::shared_ptr<PromiseWork> work;
+  };
+
+  void work_loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
+      if (stopping_) {
+        for (auto& item : queue_) {
+          item.work->finish(std::make_exception_ptr(
+              IoError(item.work->description() + " never ran: its process group was destroyed")));
+        }
+        queue_.clear();
+        return;
+      }
+      Item item = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        execute(item);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      item.work->finish(error);
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  void execute(const Item& item) {
+    const Op& op = item.op;
+    if (size_ == 1) {
+      execute_alone(op);
+      return;
+    }
+    try {
+      switch (element_size(op.type == OpType::kBarrier ? DataType::kUInt8
+                           : op.input.data != nullptr  ? op.input.dtype
+                                                       : op.output.dtype)) {
+        case 1:
+          execute_typed<1>(op, item.tag);
+          break;
+        case 2:
+          execute_typed<2>(op, item.tag);
+          break;
+        case 4:
+          execute_typed<4>(op, item.tag);
+          break;
+        default:
+          execute_typed<8>(op, item.tag);
+          break;
+      }
+    } catch (...) {
+      rethrow_translated(item.work->description(), op.timeout);
+    }
+  }
+
+  // A group of one: every collective is a copy (or nothing).
+  void execute_alone(const Op& op) {
+    switch (op.type) {
+      case OpType::kAllGather:
+      case OpType::kGather:
+      case OpType::kScatter:
+      case OpType::kReduceScatter:
+      case OpType::kAllToAll:
+        if (op.output.data != op.input.data && op.input.count > 0) {
+          std::memmove(op.output.data, op.input.data, op.input.bytes());
+        }
+        return;
+      default:
+        return;  // in place, or a barrier
+    }
+  }
+
+  template <size_t N>
+  void execute_typed(const Op& op, uint32_t tag) {
+    using T = Blob<N>;
+    const auto& ctx = context_;
+    auto* out = static_cast<T*>(op.output.data);
+    auto* in = static_cast<T*>(op.input.data);
+    switch (op.type) {
+      case OpType::kAllReduce: {
+        if (op.output.count == 0) return;
+        all_reduce<T>(out, op.output.count, op.output.dtype, op.reduce, tag, op.timeout);
+        return;
+      }
+      case OpType::kBroadcast: {
+        if (op.output.count == 0) return;
+        gloo::BroadcastOptions opts(ctx);
+        opts.setOutput<T>(out, op.output.count);
+        opts.setRoot(op.peer);
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::broadcast(opts);
+        return;
+      }
+      case OpType::kReduce: {
+        if (op.output.count == 0) return;
+        gloo::ReduceOptions opts(ctx);
+        opts.setOutput<T>(out, op.output.count);
+        opts.setRoot(op.peer);
+        opts.setReduceFunction(detail::reduce_function(op.output.dtype, op.reduce));
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::reduce(opts);
+        if (op.reduce == ReduceOp::kAverage && rank_ == op.peer) {
+          detail::divide_in_place(op.output.data, op.output.count, op.output.dtype, size_);
+        }
+        return;
+      }
+      case OpType::kAllGather: {
+        if (op.input.count == 0) return;
+        gloo::AllgatherOptions opts(ctx);
+        opts.setInput<T>(in, op.input.count);
+        opts.setOutput<T>(out, op.input.count * size_);
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::allgather(opts);
+        return;
+      }
+      case OpType::kGather: {
+        if (op.input.count == 0) return;
+        gloo::GatherOptions opts(ctx);
+        opts.setInput<T>(in, op.input.count);
+        if (rank_ == op.peer) opts.setOutput<T>(out, op.input.count * size_);
+        opts.setRoot(op.peer);
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::gather(opts);
+        return;
+      }
+      case OpType::kScatter: {
+        if (op.output.count == 0) return;
+        gloo::ScatterOptions opts(ctx);
+        std::vector<T*> slices;
+        if (rank_ == op.peer) {
+          for (int r = 0; r < size_; ++r) slices.push_back(in + r * op.output.count);
+          opts.setInputs<T>(slices, op.output.count);
+        }
+        opts.setOutput<T>(out, op.output.count);
+        opts.setRoot(op.peer);
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::scatter(opts);
+        return;
+      }
+      case OpType::kReduceScatter: {
+        // This gloo has no general reduce-scatter (torch 1.13's gloo group
+        // has none at all): all-reduce a copy and keep this rank's slice.
+        if (op.output.count == 0) return;
+        std::vector<T> scratch(op.input.count);
+        std::memcpy(scratch.data(), in, op.input.bytes());
+        all_reduce<T>(scratch.data(), scratch.size(), op.input.dtype, op.reduce, tag, op.timeout);
+        std::memcpy(out, scratch.data() + rank_ * op.output.count, op.output.bytes());
+        return;
+      }
+      case OpType::kAllToAll: {
+        if (op.input.count == 0) return;
+        gloo::AlltoallOptions opts(ctx);
+        opts.setInput<T>(in, op.input.count);
+        opts.setOutput<T>(out, op.output.count);
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::alltoall(opts);
+        return;
+      }
+      case OpType::kBarrier: {
+        gloo::BarrierOptions opts(ctx);
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::barrier(opts);
+        return;
+      }
+      case OpType::kSend:
+      case OpType::kRecv:
+        break;
+    }
+    CTORCHRUN_CHECK(false, "gloo backend: operation routed to the wrong path");
+  }
+
+  template <typename T>
+  void all_reduce(T* data, size_t count, DataType dtype, ReduceOp op, uint32_t tag,
+                  milliseconds timeout) {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput<T>(data, count);
+    opts.setReduceFunction(detail::reduce_function(dtype, op));
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allreduce(opts);
+    if (op == ReduceOp::kAverage) detail::divide_in_place(data, count, dtype, size_);
+  }
+
+  WorkHandle post_p2p(const Op& op, bool async) {
+    const bool is_send = op.type == OpType::kSend;
+    const Buffer& b = is_send ? op.input : op.output;
+    auto description = describe(op, rank_, size_);
+    auto buffer = context_->createUnboundBuffer(b.data, b.bytes());
+    const auto slot = static_cast<uint64_t>(static_cast<uint32_t>(op.tag));
+    try {
+      if (is_send) {
+        buffer->send(op.peer, slot);
+      } else {
+        buffer->recv(op.peer, slot);
+      }
+    } catch (...) {
+      rethrow_translated(description, op.timeout);
+    }
+    auto work = std::make_shared<P2pWork>(std::move(buffer), is_send, op.timeout, description);
+    if (!async) work->wait();
+    return work;
+  }
+
+  const int rank_;
+  const int size_;
+  std::shared_ptr<gloo::Context> context_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  uint32_t next_tag_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> create_gloo_backend(const BackendContext& context) {
+  if (context.device.type != DeviceType::kCpu) {
+    throw ConfigError("the gloo backend works on CPU buffers; device " + to_string(context.device) +
+                      " needs the nccl backend");
+  }
+  return std::make_unique<GlooBackend>(context);
+}
+
+}  // namespace ctorchrun::dist

@@ -1,0 +1,57 @@
+#pragma once
+
+// Work: the handle an asynchronous collective returns.
+//
+// wait() blocks until the operation has completed and rethrows its failure:
+// TimeoutError when the operation's own timeout passed, IoError when a peer
+// failed (closed its connection, died). wait(timeout) gives up earlier with a
+// TimeoutError of its own; the operation keeps running in the background
+// until it completes or its own timeout ends it, so the buffers must stay
+// alive until wait() returns normally or the group is destroyed.
+//
+// Thread safety: wait() and is_completed() may be called from any thread.
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace ctorchrun::dist {
+
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // Waits for completion (bounded by the operation's own timeout).
+  virtual void wait() = 0;
+  // Waits at most `timeout`; TimeoutError if the operation is still running.
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  virtual bool is_completed() = 0;
+};
+
+using WorkHandle = std::shared_ptr<Work>;
+
+// A Work completed by another thread through finish(). Backends use it.
+class PromiseWork : public Work {
+ public:
+  explicit PromiseWork(std::string description);
+
+  void wait() override;
+  void wait(std::chrono::milliseconds timeout) override;
+  bool is_completed() override;
+
+  // Marks the operation completed, with `error` (null on success).
+  void finish(std::exception_ptr error);
+  const std::string& description() const { return description_; }
+
+ private:
+  std::string description_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace ctorchrun::dist

@@ -1,0 +1,394 @@
+// Worker for the multi-process libctorch_dist tests, run under ctorchrun (or
+// started by a test with the launcher's environment).
+//
+//   dist_test_worker matrix
+//     every op x data type x reduce op on sizes 1, 7 (odd), 1001 (odd) and one
+//     element above gloo's 1 MiB segment, in blocking and async forms, on the
+//     world group and on subgroups; inputs are small integers, results are
+//     compared bit for bit. Prints "matrix: N checks passed" (exit 0) or each
+//     failure (exit 1).
+//   dist_test_worker peer-death VICTIM kill|stop TIMEOUT_MS
+//     all ranks all-reduce 4 MiB in a loop; on the third round rank VICTIM
+//     starts the all-reduce and then SIGKILLs or SIGSTOPs itself. The others
+//     print "survivor R failed after MS ms: WHAT" and exit 7.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "common/error.h"
+
+namespace dist = ctorchrun::dist;
+using dist::DataType;
+using dist::ReduceOp;
+
+namespace {
+
+const DataType kTypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                           DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
+                           DataType::kInt32,    DataType::kInt64};
+const ReduceOp kReduceOps[] = {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
+                               ReduceOp::kAverage};
+
+// Element i of rank r: 1, 2 or 3, so sums, products (<= 81) and averages of
+// up to four ranks are exact or rounded once in every type.
+int value(int r, size_t i) { return static_cast<int>((i + static_cast<size_t>(r)) % 3) + 1; }
+
+void encode(DataType t, double v, unsigned char* out) {
+  switch (t) {
+    case DataType::kFloat32: {
+      float x = static_cast<float>(v);
+      std::memcpy(out, &x, 4);
+      return;
+    }
+    case DataType::kFloat64:
+      std::memcpy(out, &v, 8);
+      return;
+    case DataType::kFloat16: {
+      uint16_t x = dist::float_to_half(static_cast<float>(v));
+      std::memcpy(out, &x, 2);
+      return;
+    }
+    case DataType::kBFloat16: {
+      uint16_t x = dist::float_to_bfloat16(static_cast<float>(v));
+      std::memcpy(out, &x, 2);
+      return;
+    }
+    case DataType::kInt8: {
+      auto x = static_cast<int8_t>(v);
+      std::memcpy(out, &x, 1);
+      return;
+    }
+    case DataType::kUInt8: {
+      auto x = static_cast<uint8_t>(v);
+      std::memcpy(out, &x, 1);
+      return;
+    }
+    case DataType::kInt32: {
+      auto x = static_cast<int32_t>(v);
+      std::memcpy(out, &x, 4);
+      return;
+    }
+    case DataType::kInt64: {
+      auto x = static_cast<int64_t>(v);
+      std::memcpy(out, &x, 8);
+      return;
+    }
+  }
+}
+
+// The reduction over ranks of value(r, i), as the library computes it: exact
+// integers, and for the average one division (in double for float64, in
+// float, then rounded to the type, for the others).
+double reduced(ReduceOp op, DataType t, int world, size_t i) {
+  double acc = value(0, i);
+  for (int r = 1; r < world; ++r) {
+    const double v = value(r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  if (op != ReduceOp::kAverage) return acc;
+  if (t == DataType::kFloat64) return acc / world;
+  return static_cast<double>(static_cast<float>(acc) / static_cast<float>(world));
+}
+
+struct Raw {
+  DataType type;
+  std::vector<unsigned char> bytes;
+  Raw(DataType t, size_t count) : type(t), bytes(count * dist::element_size(t)) {}
+  size_t count() const { return bytes.size() / dist::element_size(type); }
+  dist::Buffer buffer() { return dist::Buffer{bytes.data(), count(), type, {}}; }
+  void set(size_t i, double v) { encode(type, v, bytes.data() + i * dist::element_size(type)); }
+};
+
+class Checker {
+ public:
+  Checker(int global_rank) : global_rank_(global_rank) {}
+
+  // Compares `got` with `want` element by element, bit for bit.
+  void expect(const Raw& got, const Raw& want, const std::string& what) {
+    ++checks_;
+    const size_t es = dist::element_size(got.type);
+    for (size_t i = 0; i < want.count(); ++i) {
+      if (std::memcmp(got.bytes.data() + i * es, want.bytes.data() + i * es, es) != 0) {
+        ++failures_;
+        std::cerr << "rank " << global_rank_ << ": " << what << ": element " << i << " differs\n";
+        return;
+      }
+    }
+  }
+  void fail(const std::string& what) {
+    ++failures_;
+    std::cerr << "rank " << global_rank_ << ": " << what << "\n";
+  }
+  int checks() const { return checks_; }
+  int failures() const { return failures_; }
+
+ private:
+  int global_rank_;
+  int checks_ = 0;
+  int failures_ = 0;
+};
+
+std::string label(const char* op, DataType t, size_t n, const char* extra = "") {
+  return std::string(op) + " " + dist::to_string(t) + " x" + std::to_string(n) + extra;
+}
+
+void run_matrix(dist::ProcessGroup& pg, Checker& c, const std::vector<DataType>& types,
+                const std::vector<size_t>& sizes, bool all_ops) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  const auto w = static_cast<size_t>(world);
+  for (DataType t : types) {
+    for (size_t n : sizes) {
+      auto filled = [&](size_t count, int r, size_t offset = 0) {
+        Raw raw(t, count);
+        for (size_t i = 0; i < count; ++i) raw.set(i, value(r, offset + i));
+        return raw;
+      };
+      // all_reduce, reduce, reduce_scatter with every reduce op.
+      for (ReduceOp op : kReduceOps) {
+        if (op == ReduceOp::kAverage && !dist::is_floating(t)) continue;
+        if (!all_ops && op != ReduceOp::kSum && op != ReduceOp::kAverage) continue;
+        const std::string tag = std::string(" ") + dist::to_string(op);
+        Raw want(t, n);
+        for (size_t i = 0; i < n; ++i) want.set(i, reduced(op, t, world, i));
+        Raw buf = filled(n, rank);
+        pg.all_reduce(buf.buffer(), op);
+        c.expect(buf, want, label("all_reduce", t, n, tag.c_str()));
+        if (!all_ops) continue;
+        const int root = world - 1;
+        Raw red = filled(n, rank);
+        pg.reduce(red.buffer(), root, op);
+        if (rank == root) c.expect(red, want, label("reduce", t, n, tag.c_str()));
+        Raw in(t, n * w);
+        for (size_t i = 0; i < n * w; ++i) in.set(i, value(rank, i));
+        Raw out(t, n);
+        pg.reduce_scatter(in.buffer(), out.buffer(), op);
+        Raw want_rs(t, n);
+        for (size_t i = 0; i < n; ++i) {
+          want_rs.set(i, reduced(op, t, world, static_cast<size_t>(rank) * n + i));
+        }
+        c.expect(out, want_rs, label("reduce_scatter", t, n, tag.c_str()));
+      }
+      // broadcast from rank 1 (0 alone).
+      {
+        const int root = 1 % world;
+        Raw buf = filled(n, rank);
+        pg.broadcast(buf.buffer(), root);
+        c.expect(buf, filled(n, root), label("broadcast", t, n));
+      }
+      // all_gather: output = every rank's input in rank order.
+      Raw gathered_want(t, n * w);
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < n; ++i)
+          gathered_want.set(static_cast<size_t>(r) * n + i, value(r, i));
+      }
+      {
+        Raw in = filled(n, rank);
+        Raw out(t, n * w);
+        pg.all_gather(in.buffer(), out.buffer());
+        c.expect(out, gathered_want, label("all_gather", t, n));
+      }
+      if (!all_ops) continue;
+      {
+        Raw in = filled(n, rank);
+        Raw out(t, rank == 0 ? n * w : 0);
+        pg.gather(in.buffer(), out.buffer(), 0);
+        if (rank == 0) c.expect(out, gathered_want, label("gather", t, n));
+      }
+      {
+        const int root = world - 1;
+        Raw in(t, rank == root ? n * w : 0);
+        for (size_t i = 0; i < in.count(); ++i) in.set(i, value(root, i));
+        Raw out(t, n);
+        pg.scatter(in.buffer(), out.buffer(), root);
+        c.expect(out, filled(n, root, static_cast<size_t>(rank) * n), label("scatter", t, n));
+      }
+      {
+        // Slice j of rank i holds value(i, j*n + k); after the exchange slice
+        // i of rank j must hold it.
+        Raw in(t, n * w);
+        for (size_t i = 0; i < n * w; ++i) in.set(i, value(rank, i));
+        Raw out(t, n * w);
+        pg.all_to_all(in.buffer(), out.buffer());
+        Raw want(t, n * w);
+        for (int src = 0; src < world; ++src) {
+          for (size_t k = 0; k < n; ++k) {
+            want.set(static_cast<size_t>(src) * n + k,
+                     value(src, static_cast<size_t>(rank) * n + k));
+          }
+        }
+        c.expect(out, want, label("all_to_all", t, n));
+      }
+      if (world > 1) {
+        // A ring of send/recv: the send posted async, the recv blocking.
+        const int next = (rank + 1) % world;
+        const int prev = (rank + world - 1) % world;
+        Raw out = filled(n, rank);
+        Raw in(t, n);
+        auto sent = pg.send_async(out.buffer(), next, 5);
+        pg.recv(in.buffer(), prev, 5);
+        sent->wait();
+        c.expect(in, filled(n, prev), label("send/recv", t, n));
+      }
+    }
+    // Async forms: a batch started together, waited for in reverse order.
+    {
+      const size_t n = 7;
+      std::vector<Raw> bufs;
+      std::vector<Raw> wants;
+      std::vector<dist::WorkHandle> works;
+      for (ReduceOp op : kReduceOps) {
+        if (op == ReduceOp::kAverage && !dist::is_floating(t)) continue;
+        Raw buf(t, n);
+        Raw want(t, n);
+        for (size_t i = 0; i < n; ++i) {
+          buf.set(i, value(rank, i));
+          want.set(i, reduced(op, t, world, i));
+        }
+        bufs.push_back(std::move(buf));
+        wants.push_back(std::move(want));
+      }
+      size_t k = 0;
+      for (ReduceOp op : kReduceOps) {
+        if (op == ReduceOp::kAverage && !dist::is_floating(t)) continue;
+        works.push_back(pg.all_reduce_async(bufs[k++].buffer(), op));
+      }
+      Raw bc(t, n);
+      for (size_t i = 0; i < n; ++i) bc.set(i, value(rank, i));
+      works.push_back(pg.broadcast_async(bc.buffer(), 0));
+      Raw gin(t, n);
+      for (size_t i = 0; i < n; ++i) gin.set(i, value(rank, i));
+      Raw gout(t, n * w);
+      works.push_back(pg.all_gather_async(gin.buffer(), gout.buffer()));
+      works.push_back(pg.barrier_async());
+      for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+      for (size_t j = 0; j < bufs.size(); ++j) {
+        if (!works[j]->is_completed()) c.fail("async work not completed after wait");
+        c.expect(bufs[j], wants[j], label("all_reduce_async", t, n));
+      }
+      Raw bc_want(t, n);
+      for (size_t i = 0; i < n; ++i) bc_want.set(i, value(0, i));
+      c.expect(bc, bc_want, label("broadcast_async", t, n));
+      Raw g_want(t, n * w);
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < n; ++i) g_want.set(static_cast<size_t>(r) * n + i, value(r, i));
+      }
+      c.expect(gout, g_want, label("all_gather_async", t, n));
+    }
+  }
+  pg.barrier();
+}
+
+int matrix() {
+  auto pg = dist::init_process_group();
+  Checker c(pg->rank());
+  const int world = pg->size();
+  std::vector<DataType> all(std::begin(kTypes), std::end(kTypes));
+  for (DataType t : all) {
+    // One element above gloo's 1 MiB segment (AllreduceOptions::kMaxSegmentSize).
+    const size_t big = (size_t{1} << 20) / dist::element_size(t) + 1;
+    run_matrix(*pg, c, {t}, {1, 7, 1001, big}, true);
+  }
+  // Subgroups: every rank calls new_group with the same lists.
+  std::vector<int> reversed;
+  for (int r = world - 1; r >= 0; --r) reversed.push_back(r);
+  std::vector<int> evens;
+  for (int r = 0; r < world; r += 2) evens.push_back(r);
+  std::vector<int> without_zero;
+  for (int r = 1; r < world; ++r) without_zero.push_back(r);
+  std::vector<std::vector<int>> lists = {reversed, evens};
+  if (!without_zero.empty()) lists.push_back(without_zero);
+  for (const auto& ranks : lists) {
+    auto sub = pg->new_group(ranks);
+    const bool member = std::find(ranks.begin(), ranks.end(), pg->rank()) != ranks.end();
+    if (member != (sub != nullptr)) {
+      c.fail("new_group membership wrong");
+      continue;
+    }
+    if (!sub) continue;
+    const auto position = std::find(ranks.begin(), ranks.end(), pg->rank()) - ranks.begin();
+    if (sub->rank() != position || sub->size() != static_cast<int>(ranks.size()) ||
+        sub->global_ranks() != ranks) {
+      c.fail("subgroup ranks wrong");
+    }
+    run_matrix(*sub, c, {DataType::kFloat32, DataType::kBFloat16, DataType::kInt64}, {1, 1001},
+               true);
+  }
+  pg->barrier();
+  if (c.failures() > 0) {
+    std::cerr << "rank " << pg->rank() << ": " << c.failures() << " of " << c.checks()
+              << " checks failed\n";
+    return 1;
+  }
+  std::cout << "matrix: rank " << pg->rank() << " of " << world << ": " << c.checks()
+            << " checks passed" << std::endl;
+  return 0;
+}
+
+int peer_death(int victim, const std::string& how, int timeout_ms) {
+  dist::InitOptions options;
+  options.timeout = std::chrono::milliseconds(timeout_ms);
+  auto pg = dist::init_process_group(options);
+  std::vector<float> data(size_t{1} << 20, 1.0f);
+  for (int round = 0;; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      auto work = pg->all_reduce_async(dist::make_buffer(data.data(), data.size()));
+      if (round == 2 && pg->rank() == victim) {
+        std::cout << "victim " << victim << " " << how << "s itself" << std::endl;
+        ::raise(how == "kill" ? SIGKILL : SIGSTOP);
+      }
+      work->wait();
+    } catch (const std::exception& e) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+      std::cout << "survivor " << pg->rank() << " failed after " << ms << " ms: " << e.what()
+                << std::endl;
+      std::_Exit(7);
+    }
+    if (round > 1000) return 0;  // bounded: the victim stops the loop long before
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "matrix") return matrix();
+    if (mode == "peer-death" && argc == 5) {
+      return peer_death(std::atoi(argv[2]), argv[3], std::atoi(argv[4]));
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "dist_test_worker: " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "usage: dist_test_worker matrix | peer-death VICTIM kill|stop TIMEOUT_MS\n";
+  return 2;
+}
