@@ -5,18 +5,13 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/cli/parse_support.h"
+
 using namespace ctorchrun;
+using namespace ctorchrun::testing;
 using cli::ParseOutcome;
 
 namespace {
-
-ParseOutcome parse(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
-  args.insert(args.begin(), "ctorchrun");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  if (!env.count("CTORCHRUN_PYTHON")) env["CTORCHRUN_PYTHON"] = "/usr/bin/python3";
-  return cli::parse_command_line(static_cast<int>(argv.size()), argv.data(), env);
-}
 
 void require_usage_error(const std::vector<std::string>& args, const std::string& fragment) {
   auto r = parse(args);

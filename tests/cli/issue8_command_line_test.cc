@@ -12,6 +12,7 @@
 #include "cli/rdzv_conf.h"
 #include "common/error.h"
 #include "store/tcp_store.h"
+#include "tests/cli/parse_support.h"
 #include "tests/launcher/launcher_support.h"
 
 using namespace ctorchrun;
@@ -20,14 +21,6 @@ using namespace std::chrono_literals;
 using cli::ParseOutcome;
 
 namespace {
-
-ParseOutcome parse(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
-  args.insert(args.begin(), "ctorchrun");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  if (!env.count("CTORCHRUN_PYTHON")) env["CTORCHRUN_PYTHON"] = "/usr/bin/python3";
-  return cli::parse_command_line(static_cast<int>(argv.size()), argv.data(), env);
-}
 
 ParseOutcome parse_ok(const std::vector<std::string>& args,
                       const std::map<std::string, std::string>& env = {}) {
@@ -289,76 +282,48 @@ TEST_CASE("issue 8: ctorchrun refuses bad input at once and accepts -- before th
   CHECK(r.output.find("unknown key 'bogus'") != std::string::npos);
 }
 
+// Runs a one-worker job with --rdzv_conf=`conf` and stores `values` under
+// keys of their own in node 0's store with one MULTI_SET: whether the store
+// kept them all.
+bool hosted_store_keeps(const std::string& conf, const std::vector<std::string>& values) {
+  TempDir dir;
+  const int port = free_port();
+  const std::string ready = dir.file("ready");
+  auto p =
+      start_ctorchrun({"--master_port=" + std::to_string(port), "--rdzv_conf=" + conf,
+                       "--no_python", "/bin/sh", "-c", "echo up > " + ready + "; exec sleep 60"});
+  REQUIRE(wait_for_file(ready, 30s));
+  store::TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = static_cast<uint16_t>(port);
+  o.timeout = 10s;
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < values.size(); ++i) keys.push_back("issue8/" + std::to_string(i));
+  bool stored = false;
+  try {
+    store::TcpStore client(o);
+    client.multi_set(keys, values);
+    stored = client.multi_get(keys) == values;
+  } catch (const Error&) {
+    stored = false;
+  }
+  p->signal(SIGTERM);
+  CHECK(p->exit_code(30s) == 128 + SIGTERM);
+  return stored;
+}
+
 TEST_CASE("issue 8: store_max_value_bytes lets a 65 MiB value into the hosted store",
           "[multiproc]") {
-  struct Case {
-    std::string conf;
-    size_t bytes;
-    bool fits;
-  };
-  for (const Case& k : {Case{"store_max_value_bytes=73400320", 65u << 20, true},
-                        Case{"store_max_value_bytes=1048576", 2u << 20, false}}) {
-    TempDir dir;
-    const int port = free_port();
-    const std::string ready = dir.file("ready");
-    auto p =
-        start_ctorchrun({"--master_port=" + std::to_string(port), "--rdzv_conf=" + k.conf,
-                         "--no_python", "/bin/sh", "-c", "echo up > " + ready + "; exec sleep 60"});
-    REQUIRE(wait_for_file(ready, 30s));
-    store::TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = static_cast<uint16_t>(port);
-    o.timeout = 10s;
-    const std::string value(k.bytes, 'v');
-    bool stored = false;
-    try {
-      store::TcpStore client(o);
-      client.set("issue8/big", value);
-      stored = client.get("issue8/big") == value;
-    } catch (const Error&) {
-      stored = false;
-    }
-    INFO(k.conf);
-    CHECK(stored == k.fits);
-    p->signal(SIGTERM);
-    CHECK(p->exit_code(30s) == 128 + SIGTERM);
-  }
+  CHECK(hosted_store_keeps("store_max_value_bytes=73400320", {std::string(65u << 20, 'v')}));
+  CHECK_FALSE(hosted_store_keeps("store_max_value_bytes=1048576", {std::string(2u << 20, 'v')}));
 }
 
 TEST_CASE("issue 8: store_max_request_bytes caps a whole request to the hosted store",
           "[multiproc]") {
   // Three 1 MiB values each pass the value limit; together they exceed the
   // request cap, so the MULTI_SET is refused only if the cap reaches the server.
-  struct Case {
-    std::string conf;
-    bool fits;
-  };
   const std::string limits = "store_max_value_bytes=1048576,store_max_key_bytes=65536";
-  for (const Case& k :
-       {Case{limits, true}, Case{limits + ",store_max_request_bytes=2162688", false}}) {
-    TempDir dir;
-    const int port = free_port();
-    const std::string ready = dir.file("ready");
-    auto p =
-        start_ctorchrun({"--master_port=" + std::to_string(port), "--rdzv_conf=" + k.conf,
-                         "--no_python", "/bin/sh", "-c", "echo up > " + ready + "; exec sleep 60"});
-    REQUIRE(wait_for_file(ready, 30s));
-    store::TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = static_cast<uint16_t>(port);
-    o.timeout = 10s;
-    const std::string value(1u << 20, 'v');
-    bool stored = false;
-    try {
-      store::TcpStore client(o);
-      client.multi_set({"issue8/a", "issue8/b", "issue8/c"}, {value, value, value});
-      stored = client.get("issue8/c") == value;
-    } catch (const Error&) {
-      stored = false;
-    }
-    INFO(k.conf);
-    CHECK(stored == k.fits);
-    p->signal(SIGTERM);
-    CHECK(p->exit_code(30s) == 128 + SIGTERM);
-  }
+  const std::vector<std::string> values(3, std::string(1u << 20, 'v'));
+  CHECK(hosted_store_keeps(limits, values));
+  CHECK_FALSE(hosted_store_keeps(limits + ",store_max_request_bytes=2162688", values));
 }

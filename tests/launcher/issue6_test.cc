@@ -13,15 +13,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<std::string> sh(const std::string& body) {
-  return {"--no_python", "/bin/sh", "-c", body};
-}
-
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // A shell loop that waits (bounded, 60 s) for `file` to exist.
 std::string await_file(const std::string& file) {
   return "i=0; while [ ! -e " + file + " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; ";

@@ -152,4 +152,13 @@ int count_lines_with(const std::string& text, const std::string& needle) {
   return n;
 }
 
+std::vector<std::string> sh(const std::string& body) {
+  return {"--no_python", "/bin/sh", "-c", body};
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 }  // namespace ctorchrun::testing

@@ -54,4 +54,10 @@ bool wait_for_port(int port, std::chrono::milliseconds timeout);
 // Number of lines of `text` containing `needle`.
 int count_lines_with(const std::string& text, const std::string& needle);
 
+// A worker written in sh: `body` runs with the worker's environment.
+std::vector<std::string> sh(const std::string& body);
+
+// `a` followed by `b`.
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b);
+
 }  // namespace ctorchrun::testing

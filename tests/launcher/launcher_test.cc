@@ -15,16 +15,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A worker written in sh: `body` runs with the worker's environment.
-std::vector<std::string> sh(const std::string& body) {
-  return {"--no_python", "/bin/sh", "-c", body};
-}
-
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // Two nodes, one sleeping worker each; node 0 (which hosts the store) gets
 // `sig`. Node 1 must notice within `bound`, stop its worker and exit 3; node 0's
 // worker must go too once node 0 is killed.
