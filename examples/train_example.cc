@@ -37,6 +37,7 @@
 #include "collectives/process_group.h"
 #include "collectives/sha256.h"
 #include "common/error.h"
+#include "examples/device_staging.h"
 
 namespace dist = ctorchrun::dist;
 
@@ -108,13 +109,23 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--fail-once-at-epoch", fail_at,
                  "rank 1 exits with code 3 at the start of this epoch on attempt 0");
-  app.add_option("--backend", backend, "process group backend")->default_val("gloo");
+  app.add_option("--backend", backend, "process group backend: gloo, or nccl (on cuda:LOCAL_RANK)")
+      ->default_val("gloo");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    ctorchrun::tools::register_gpu_backends();
     dist::InitOptions options;
     options.backend = backend;
+    if (backend == "nccl") options.device = {dist::DeviceType::kCuda, -1};
     auto pg = dist::init_process_group(options);
+    // With nccl the parameters and gradients are broadcast and reduced in
+    // device memory; the arithmetic stays on the host, so both backends train
+    // the same model bit for bit.
+    const dist::Device device = pg->device();
+    auto on_device = [&](const dist::Buffer& host, const auto& op) {
+      ctorchrun::tools::staged(host, device, op);
+    };
     const int rank = pg->rank();
     const int world = pg->size();
     const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
@@ -133,8 +144,9 @@ int main(int argc, char** argv) {
         start_epoch = ckpt->step + 1;
       }
     }
-    pg->broadcast(dist::make_buffer(&start_epoch, 1), 0);
-    pg->broadcast(dist::make_buffer(params.data(), params.size()), 0);
+    auto broadcast = [&](const dist::Buffer& b) { pg->broadcast(b, 0); };
+    on_device(dist::make_buffer(&start_epoch, 1), broadcast);
+    on_device(dist::make_buffer(params.data(), params.size()), broadcast);
     if (rank == 0) {
       std::cerr << "ctorch-train-example: world " << world << " attempt " << attempt
                 << " starting at epoch " << start_epoch << " of " << epochs << "\n";
@@ -161,7 +173,8 @@ int main(int argc, char** argv) {
           }
           grad[kFeatures] += std::llround(error * kFixedPoint);
         }
-        pg->all_reduce(dist::make_buffer(grad.data(), grad.size()));
+        on_device(dist::make_buffer(grad.data(), grad.size()),
+                  [&](const dist::Buffer& b) { pg->all_reduce(b); });
         for (int j = 0; j < kParams; ++j) {
           params[j] -= kLearningRate * (static_cast<double>(grad[j]) / kFixedPoint) / kBatch;
         }
