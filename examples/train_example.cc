@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -107,8 +108,9 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", epochs, "epochs to train in total")
       ->required()
       ->check(CLI::PositiveNumber);
-  app.add_option("--fail-once-at-epoch", fail_at,
-                 "rank 1 exits with code 3 at the start of this epoch on attempt 0");
+  app.add_option(
+      "--fail-once-at-epoch", fail_at,
+      "rank 1 (rank 0 if alone) exits with code 3 at the start of this epoch on attempt 0");
   app.add_option("--backend", backend, "process group backend: gloo, or nccl (on cuda:LOCAL_RANK)")
       ->default_val("gloo");
   CLI11_PARSE(app, argc, argv);
@@ -154,9 +156,10 @@ int main(int argc, char** argv) {
 
     std::vector<int64_t> grad(kParams);
     for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
-      if (epoch == fail_at && rank == 1 && attempt == 0 && world > 1) {
-        std::cerr << "ctorch-train-example: rank 1 fails at the start of epoch " << epoch
-                  << " (--fail-once-at-epoch)\n";
+      // Rank 1 fails (rank 0 when it runs alone, as on a one-GPU machine).
+      if (epoch == fail_at && rank == std::min(1, world - 1) && attempt == 0) {
+        std::cerr << "ctorch-train-example: rank " << rank << " fails at the start of epoch "
+                  << epoch << " (--fail-once-at-epoch)\n";
         std::cerr.flush();
         std::_Exit(3);
       }
