@@ -288,7 +288,7 @@ class NcclBackend : public Backend {
     if (comm_->aborted()) {
       throw IoError("nccl: " + what + ": the communicator was aborted by an earlier failure");
     }
-    std::lock_guard<std::mutex> lock(mutex_);  // one enqueue at a time: same order on every rank
+    std::unique_lock<std::mutex> lock(mutex_);  // one enqueue at a time: same order on every rank
     check_cuda(cudaSetDevice(device_), what + ": cudaSetDevice");
     cudaStream_t stream = stream_override != nullptr ? stream_override : stream_;
     const auto abort_at = Clock::now() + op.timeout;
@@ -308,6 +308,7 @@ class NcclBackend : public Backend {
       std::rethrow_exception(cuda_error(recorded, what + ": cudaEventRecord"));
     }
     auto work = std::make_shared<NcclWork>(comm_, device_, event, op.timeout, what);
+    lock.unlock();  // others may enqueue behind this op while it runs
     if (!async) work->wait();
     return work;
   }
