@@ -24,6 +24,7 @@ class RealApi : public Api {
     return ncclCommGetAsyncError(comm, error);
   }
   ncclResult_t comm_abort(ncclComm_t comm) override { return ncclCommAbort(comm); }
+  cudaError_t event_destroy(cudaEvent_t event) override { return cudaEventDestroy(event); }
 };
 
 std::atomic<Api*> replacement{nullptr};
@@ -151,6 +152,44 @@ void await(Communicator& comm, cudaEvent_t event, Clock::time_point abort_at,
   }
 }
 
+EventWork::EventWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, milliseconds timeout,
+                     std::string what)
+    : comm_(std::move(comm)),
+      event_(event),
+      timeout_(timeout),
+      abort_at_(Clock::now() + timeout),
+      what_(std::move(what)) {}
+
+EventWork::~EventWork() {
+  if (event_ != nullptr) comm_->calls().event_destroy(event_);
+}
+
+void EventWork::wait() { wait_until(Clock::time_point::max()); }
+void EventWork::wait(milliseconds timeout) { wait_until(Clock::now() + timeout); }
+
+bool EventWork::is_completed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (done_) return true;
+  if (comm_->calls().event_query(event_) == cudaSuccess) done_ = true;
+  return done_;
+}
+
+void EventWork::wait_until(Clock::time_point give_up_at) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!done_) {
+    try {
+      await(*comm_, event_, abort_at_, give_up_at, timeout_, what_);
+    } catch (const TimeoutError&) {
+      if (!comm_->aborted()) throw;  // gave up early: the op goes on
+      error_ = std::current_exception();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    done_ = true;
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
 namespace {
 
 thread_local CUstream_st* stream_override = nullptr;
@@ -200,61 +239,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 char* at(const Buffer& b, size_t slice, size_t slice_count) {
   return static_cast<char*>(b.data) + slice * slice_count * element_size(b.dtype);
 }
-
-// The handle of one enqueued operation: an event recorded after it.
-class NcclWork : public Work {
- public:
-  NcclWork(std::shared_ptr<Communicator> comm, int device, cudaEvent_t event, milliseconds timeout,
-           std::string what)
-      : comm_(std::move(comm)),
-        device_(device),
-        event_(event),
-        timeout_(timeout),
-        abort_at_(Clock::now() + timeout),
-        what_(std::move(what)) {}
-  ~NcclWork() override {
-    if (event_ != nullptr) {
-      cudaSetDevice(device_);
-      cudaEventDestroy(event_);
-    }
-  }
-
-  void wait() override { wait_until(Clock::time_point::max()); }
-  void wait(milliseconds timeout) override { wait_until(Clock::now() + timeout); }
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (done_) return true;
-    if (comm_->calls().event_query(event_) == cudaSuccess) done_ = true;
-    return done_;
-  }
-
- private:
-  void wait_until(Clock::time_point give_up_at) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!done_) {
-      try {
-        await(*comm_, event_, abort_at_, give_up_at, timeout_, what_);
-      } catch (const TimeoutError&) {
-        if (!comm_->aborted()) throw;  // gave up early: the op goes on
-        error_ = std::current_exception();
-      } catch (...) {
-        error_ = std::current_exception();
-      }
-      done_ = true;
-    }
-    if (error_) std::rethrow_exception(error_);
-  }
-
-  std::shared_ptr<Communicator> comm_;
-  int device_;
-  cudaEvent_t event_;
-  milliseconds timeout_;
-  Clock::time_point abort_at_;
-  std::string what_;
-  std::mutex mutex_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
 
 class NcclBackend : public Backend {
  public:
@@ -307,7 +291,7 @@ class NcclBackend : public Backend {
       cudaEventDestroy(event);
       std::rethrow_exception(cuda_error(recorded, what + ": cudaEventRecord"));
     }
-    auto work = std::make_shared<NcclWork>(comm_, device_, event, op.timeout, what);
+    auto work = std::make_shared<EventWork>(comm_, event, op.timeout, what);
     lock.unlock();  // others may enqueue behind this op while it runs
     if (!async) work->wait();
     return work;

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "collectives/work.h"
 #include "store/store.h"
 
 namespace ctorchrun::dist::nccl_detail {
@@ -28,6 +29,7 @@ class Api {
   virtual cudaError_t event_query(cudaEvent_t event) = 0;
   virtual ncclResult_t comm_get_async_error(ncclComm_t comm, ncclResult_t* error) = 0;
   virtual ncclResult_t comm_abort(ncclComm_t comm) = 0;
+  virtual cudaError_t event_destroy(cudaEvent_t event) = 0;
 };
 
 // The Api every backend of this process uses: NCCL and CUDA unless replaced.
@@ -77,5 +79,32 @@ class Communicator {
 void await(Communicator& comm, cudaEvent_t event, Clock::time_point abort_at,
            Clock::time_point give_up_at, std::chrono::milliseconds timeout,
            const std::string& what);
+
+// The Work of one enqueued op: an event recorded after it on its stream.
+// wait() ends at the op's timeout by aborting the communicator (TimeoutError,
+// and every later wait throws it too); wait(timeout) gives up earlier with a
+// TimeoutError of its own and leaves the op running.
+class EventWork : public Work {
+ public:
+  EventWork(std::shared_ptr<Communicator> comm, cudaEvent_t event,
+            std::chrono::milliseconds timeout, std::string what);
+  ~EventWork() override;
+
+  void wait() override;
+  void wait(std::chrono::milliseconds timeout) override;
+  bool is_completed() override;
+
+ private:
+  void wait_until(Clock::time_point give_up_at);
+
+  std::shared_ptr<Communicator> comm_;
+  cudaEvent_t event_;
+  std::chrono::milliseconds timeout_;
+  Clock::time_point abort_at_;
+  std::string what_;
+  std::mutex mutex_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
 
 }  // namespace ctorchrun::dist::nccl_detail

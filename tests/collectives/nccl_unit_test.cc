@@ -50,13 +50,17 @@ class FakeApi : public detail::Api {
     ++aborts;
     return ncclSuccess;
   }
+  cudaError_t event_destroy(cudaEvent_t) override {
+    ++destroyed;
+    return cudaSuccess;
+  }
 
   int ready_after = -1;
   int in_progress_for = 0;
   ncclResult_t async_error = ncclSuccess;
   cudaError_t event_error = cudaSuccess;
   ncclResult_t id_result = ncclSuccess;
-  std::atomic<int> ids{0}, queries{0}, async_queries{0}, aborts{0};
+  std::atomic<int> ids{0}, queries{0}, async_queries{0}, aborts{0}, destroyed{0};
 };
 
 const cudaEvent_t kEvent = reinterpret_cast<cudaEvent_t>(uintptr_t{1});
@@ -196,6 +200,36 @@ TEST_CASE("nccl wait: giving up early leaves the communicator running", "[unit]"
   api.ready_after = api.queries + 3;  // the stream catches up
   detail::await(comm, kEvent, now + std::chrono::hours(1), detail::Clock::time_point::max(),
                 milliseconds(3600000), "all_gather");
+  CHECK(api.aborts == 0);
+}
+
+TEST_CASE("nccl work: wait(timeout) gives up early, the op's own timeout aborts", "[unit]") {
+  FakeApi api;  // a stalled stream
+  auto comm = std::make_shared<detail::Communicator>(api, nullptr);
+  {
+    detail::EventWork work(comm, kEvent, milliseconds(200), "all_reduce on rank 0/1");
+    CHECK_FALSE(work.is_completed());
+    CHECK_THROWS_WITH(work.wait(milliseconds(10)), Catch::Contains("gave up"));
+    CHECK(api.aborts == 0);
+    CHECK_THROWS_WITH(work.wait(), Catch::Contains("within 200 ms"));
+    CHECK(api.aborts == 1);
+    CHECK(work.is_completed());
+    CHECK_THROWS_AS(work.wait(), ctorchrun::TimeoutError);  // the same error again
+    CHECK(api.aborts == 1);
+  }
+  CHECK(api.destroyed == 1);
+  // Ops started after the abort fail at once.
+  detail::EventWork later(comm, kEvent, milliseconds(100000), "barrier on rank 0/1");
+  CHECK_THROWS_AS(later.wait(), ctorchrun::IoError);
+}
+
+TEST_CASE("nccl work: a completed event completes the work", "[unit]") {
+  FakeApi api;
+  api.ready_after = 2;
+  auto comm = std::make_shared<detail::Communicator>(api, nullptr);
+  detail::EventWork work(comm, kEvent, milliseconds(100000), "broadcast on rank 0/1");
+  work.wait();
+  CHECK(work.is_completed());
   CHECK(api.aborts == 0);
 }
 
