@@ -242,6 +242,8 @@ char* at(const Buffer& b, size_t slice, size_t slice_count) {
 
 class NcclBackend : public Backend {
  public:
+  static constexpr std::chrono::seconds kDrainTimeout{30};
+
   NcclBackend(const BackendContext& context, std::shared_ptr<Communicator> comm,
               cudaStream_t stream, void* scratch)
       : rank_(context.rank),
@@ -252,7 +254,21 @@ class NcclBackend : public Backend {
         scratch_(scratch) {}
   ~NcclBackend() override {
     cudaSetDevice(device_);
-    if (!comm_->aborted()) cudaStreamSynchronize(stream_);
+    // Drain the group's stream, bounded: a stream stuck on a dead peer is
+    // aborted instead of hanging the destructor.
+    cudaEvent_t last = nullptr;
+    if (!comm_->aborted() &&
+        cudaEventCreateWithFlags(&last, cudaEventDisableTiming) == cudaSuccess) {
+      if (cudaEventRecord(last, stream_) == cudaSuccess) {
+        try {
+          await(*comm_, last, Clock::now() + kDrainTimeout, Clock::time_point::max(),
+                std::chrono::duration_cast<milliseconds>(kDrainTimeout), "draining the group");
+        } catch (const std::exception&) {
+          // await aborted the communicator; nothing is left to wait for.
+        }
+      }
+      cudaEventDestroy(last);
+    }
     comm_.reset();
     cudaFree(scratch_);
     cudaStreamDestroy(stream_);
