@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -234,17 +235,25 @@ TEST_CASE("nccl gpu timeout: a rank that never joins aborts the set-up", "[gpu]"
 
 namespace {
 
+// The tools next to this test binary: the GPU machine runs a copy of the
+// tree, maybe at another path than the one the build recorded.
+std::string bin(const std::string& name) {
+  return (std::filesystem::canonical("/proc/self/exe").parent_path() / name).string();
+}
+
 nlohmann::json train(const std::string& workdir, const std::vector<std::string>& extra_worker,
                      const std::vector<std::string>& extra_launcher) {
-  std::vector<std::string> args = {"--nproc_per_node=1",
+  std::vector<std::string> argv = {bin("ctorchrun"), "--nproc_per_node=1",
                                    "--master_port=" + std::to_string(free_port())};
-  args.insert(args.end(), extra_launcher.begin(), extra_launcher.end());
-  args.insert(args.end(), {"--no_python", CTORCHRUN_TRAIN_BIN, "--workdir", workdir, "--epochs",
-                           "5", "--backend", "nccl"});
-  args.insert(args.end(), extra_worker.begin(), extra_worker.end());
-  auto r = run_ctorchrun(args, {}, seconds(240));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  argv.insert(argv.end(), extra_launcher.begin(), extra_launcher.end());
+  argv.insert(argv.end(), {"--no_python", bin("ctorch-train-example"), "--workdir", workdir,
+                           "--epochs", "5", "--backend", "nccl"});
+  argv.insert(argv.end(), extra_worker.begin(), extra_worker.end());
+  Process p(argv, {}, /*capture_stderr=*/true);
+  const std::string output = p.read_all(seconds(240));
+  const int code = p.exit_code(seconds(10));
+  INFO(output);
+  REQUIRE(code == 0);
   return nlohmann::json::parse(read_file(workdir + "/result.json"));
 }
 
