@@ -308,3 +308,22 @@ TEST_CASE("nccl timeout: groups default to 10 minutes, an explicit timeout wins"
   CHECK(dist::init_process_group(options)->timeout() == milliseconds(30 * 60 * 1000));
   dist::register_nccl_backend();
 }
+
+TEST_CASE("nccl streams: StreamGuard sets this thread's stream and nests", "[unit]") {
+  auto* first = reinterpret_cast<CUstream_st*>(uintptr_t{0x10});
+  auto* second = reinterpret_cast<CUstream_st*>(uintptr_t{0x20});
+  CHECK(dist::current_stream_override() == nullptr);
+  {
+    dist::StreamGuard outer(first);
+    CHECK(dist::current_stream_override() == first);
+    {
+      dist::StreamGuard inner(second);
+      CHECK(dist::current_stream_override() == second);
+      CUstream_st* seen_elsewhere = first;
+      std::thread([&] { seen_elsewhere = dist::current_stream_override(); }).join();
+      CHECK(seen_elsewhere == nullptr);  // per thread
+    }
+    CHECK(dist::current_stream_override() == first);
+  }
+  CHECK(dist::current_stream_override() == nullptr);
+}
