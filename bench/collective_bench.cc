@@ -12,6 +12,8 @@
 // (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n;
 // broadcast, reduce 1). After the timed calls, one call on known inputs is
 // checked on every rank; any wrong element makes the exit code 1.
+// --backend nccl times device buffers on cuda:LOCAL_RANK (each call blocks
+// until the device has finished it).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -19,11 +21,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "collectives/process_group.h"
+#include "examples/device_staging.h"
 
 namespace dist = ctorchrun::dist;
 
@@ -58,10 +62,15 @@ double bus_factor(const std::string& op, double n) {
   return 1;
 }
 
-void run_op(dist::ProcessGroup& pg, const std::string& op, std::vector<float>& in,
-            std::vector<float>& out) {
-  auto ib = dist::make_buffer(in.data(), in.size());
-  auto ob = dist::make_buffer(out.data(), out.size());
+// The buffers the timed calls use: the host vectors, or device copies.
+struct Buffers {
+  dist::Buffer in;
+  dist::Buffer out;
+};
+
+void run_op(dist::ProcessGroup& pg, const std::string& op, const Buffers& buffers) {
+  const dist::Buffer& ib = buffers.in;
+  const dist::Buffer& ob = buffers.out;
   if (op == "all_reduce") {
     pg.all_reduce(ob);
   } else if (op == "broadcast") {
@@ -80,13 +89,21 @@ void run_op(dist::ProcessGroup& pg, const std::string& op, std::vector<float>& i
 // Fills with small integers (exact in float) and returns the wrong elements
 // after one call.
 int64_t check(dist::ProcessGroup& pg, const std::string& op, std::vector<float>& in,
-              std::vector<float>& out) {
+              std::vector<float>& out, const Buffers& buffers) {
   const int rank = pg.rank();
   const int n = pg.size();
   auto value = [](int r, size_t i) { return static_cast<float>(r + 1 + static_cast<int>(i % 5)); };
   for (size_t i = 0; i < in.size(); ++i) in[i] = value(rank, i);
   for (size_t i = 0; i < out.size(); ++i) out[i] = value(rank, i);
-  run_op(pg, op, in, out);
+  const bool on_device = buffers.out.device.type != dist::DeviceType::kCpu;
+  if (on_device) {
+    ctorchrun::tools::upload(buffers.in, in.data());
+    ctorchrun::tools::upload(buffers.out, out.data());
+  }
+  run_op(pg, op, buffers);
+  if (on_device) {
+    ctorchrun::tools::download(out.data(), buffers.out);
+  }
   int64_t wrong = 0;
   const size_t per = n > 0 ? out.size() / static_cast<size_t>(n) : 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -136,8 +153,10 @@ int main(int argc, char** argv) {
   try {
     const uint64_t min_bytes = parse_size(min_text);
     const uint64_t max_bytes = parse_size(max_text);
+    ctorchrun::tools::register_gpu_backends();
     dist::InitOptions options;
     options.backend = backend;
+    if (backend == "nccl") options.device = {dist::DeviceType::kCuda, -1};
     auto pg = dist::init_process_group(options);
     const auto world = static_cast<size_t>(pg->size());
     if (pg->rank() == 0 && !json) {
@@ -151,21 +170,33 @@ int main(int argc, char** argv) {
       const Shape shape = shape_of(op, bytes / sizeof(float), world);
       if (shape.out == 0) continue;  // too small to give every rank an element
       std::vector<float> in(shape.in), out(shape.out);
+      Buffers buffers{dist::make_buffer(in.data(), in.size()),
+                      dist::make_buffer(out.data(), out.size())};
+      std::unique_ptr<ctorchrun::tools::DeviceMemory> din, dout;
+      if (pg->device().type != dist::DeviceType::kCpu) {
+        din = std::make_unique<ctorchrun::tools::DeviceMemory>(pg->device(), in.size() * 4);
+        dout = std::make_unique<ctorchrun::tools::DeviceMemory>(pg->device(), out.size() * 4);
+        buffers = {din->buffer(in.size(), dist::DataType::kFloat32),
+                   dout->buffer(out.size(), dist::DataType::kFloat32)};
+      }
       const size_t real_bytes = std::max(shape.in, shape.out) * sizeof(float);
       const int n_iters =
           iters > 0
               ? iters
               : static_cast<int>(std::clamp<uint64_t>((uint64_t{1} << 30) / real_bytes, 5, 1000));
       const int n_warmup = warmup >= 0 ? warmup : std::max(2, n_iters / 10);
-      for (int i = 0; i < n_warmup; ++i) run_op(*pg, op, in, out);
+      for (int i = 0; i < n_warmup; ++i) run_op(*pg, op, buffers);
       pg->barrier();
       const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < n_iters; ++i) run_op(*pg, op, in, out);
+      for (int i = 0; i < n_iters; ++i) run_op(*pg, op, buffers);
       const auto stop = std::chrono::steady_clock::now();
       double time_us = std::chrono::duration<double, std::micro>(stop - start).count() / n_iters;
-      pg->all_reduce(dist::make_buffer(&time_us, 1), dist::ReduceOp::kMax);
-      int64_t wrong = check(*pg, op, in, out);
-      pg->all_reduce(dist::make_buffer(&wrong, 1));
+      ctorchrun::tools::staged(
+          dist::make_buffer(&time_us, 1), pg->device(),
+          [&](const dist::Buffer& b) { pg->all_reduce(b, dist::ReduceOp::kMax); });
+      int64_t wrong = check(*pg, op, in, out, buffers);
+      ctorchrun::tools::staged(dist::make_buffer(&wrong, 1), pg->device(),
+                               [&](const dist::Buffer& b) { pg->all_reduce(b); });
       total_wrong += wrong;
       const double algbw = static_cast<double>(real_bytes) / time_us / 1e3;
       const double busbw = algbw * bus_factor(op, static_cast<double>(world));

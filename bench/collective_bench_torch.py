@@ -1,10 +1,13 @@
-"""torch.distributed (gloo) counterpart of ctorch-collective-bench.
+"""torch.distributed (gloo or nccl) counterpart of ctorch-collective-bench.
 
 Run under ctorchrun or torchrun with the same flags; rank 0 prints one JSON
 object per size with the same fields and the same definitions (nccl-tests
 sizes and bus-bandwidth factors, mean time of the slowest rank), so the two
 can be compared line by line. all_gather uses torch's list form, as users
-call it (torch 1.13 has no all_gather_into_tensor for gloo).
+call it (torch 1.13 has no all_gather_into_tensor for gloo). With --backend
+nccl the tensors are on cuda:LOCAL_RANK, all_gather is all_gather_into_tensor
+(ours' flat output) and every call is followed by torch.cuda.synchronize(), as
+ours' blocking calls return once the device has finished.
 """
 import argparse
 import json
@@ -29,8 +32,13 @@ def main():
     p.add_argument("--iters", type=int, default=0)
     p.add_argument("--warmup", type=int, default=-1)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     a = p.parse_args()
-    dist.init_process_group("gloo")
+    device = "cpu"
+    if a.backend == "nccl":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(a.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     nbytes = max(parse_size(a.min_bytes), 4)
     while nbytes <= parse_size(a.max_bytes):
@@ -40,7 +48,8 @@ def main():
         if count == 0:
             nbytes *= 2
             continue
-        t = torch.ones(count, dtype=torch.float32)
+        t = torch.ones(count, dtype=torch.float32, device=device)
+        flat = torch.empty(count * world, dtype=torch.float32, device=device)
         real_bytes = count * 4 * (world if a.op == "all_gather" else 1)
         iters = a.iters or min(max((1 << 30) // real_bytes, 5), 1000)
         warmup = a.warmup if a.warmup >= 0 else max(2, iters // 10)
@@ -50,9 +59,13 @@ def main():
                 dist.all_reduce(t)
             elif a.op == "broadcast":
                 dist.broadcast(t, 0)
+            elif a.backend == "nccl":
+                dist.all_gather_into_tensor(flat, t)
             else:
                 out = [torch.empty_like(t) for _ in range(world)]
                 dist.all_gather(out, t)
+            if a.backend == "nccl":
+                torch.cuda.synchronize()
 
         for _ in range(warmup):
             run()
@@ -60,7 +73,8 @@ def main():
         start = time.perf_counter()
         for _ in range(iters):
             run()
-        elapsed = torch.tensor([(time.perf_counter() - start) * 1e6 / iters], dtype=torch.float64)
+        elapsed = torch.tensor([(time.perf_counter() - start) * 1e6 / iters], dtype=torch.float64,
+                               device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         time_us = elapsed.item()
         algbw = real_bytes / time_us / 1e3
@@ -69,7 +83,7 @@ def main():
         if rank == 0:
             print(json.dumps({"op": a.op, "bytes": real_bytes, "world": world, "time_us": time_us,
                               "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
-                              "backend": "torch-gloo", "iters": iters}), flush=True)
+                              "backend": "torch-" + a.backend, "iters": iters}), flush=True)
         nbytes *= 2
     dist.barrier()
     dist.destroy_process_group()

@@ -99,7 +99,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   if (options.timeout <= milliseconds(0)) {
     throw ConfigError("init_process_group: the timeout must be positive");
   }
-  const auto deadline = Clock::now() + options.timeout;
+  // torch's NCCL groups default to 10 min, its gloo groups to 30.
+  const milliseconds timeout = options.backend == "nccl" && options.timeout == kDefaultTimeout
+                                   ? kDefaultNcclTimeout
+                                   : options.timeout;
+  const auto deadline = Clock::now() + timeout;
 
   std::shared_ptr<store::Store> root = options.store;
   std::shared_ptr<void> keep_alive;
@@ -128,8 +132,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       store::TcpStoreOptions client;
       client.host = master_addr;
       client.port = static_cast<uint16_t>(port);
-      client.timeout = options.timeout;
-      client.connect_timeout = options.timeout;
+      client.timeout = timeout;
+      client.connect_timeout = timeout;
       root = std::make_shared<store::TcpStore>(client);
       where = "store " + master_addr + ":" + std::to_string(port);
     }
@@ -159,7 +163,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
   context.master_addr = master_addr;
   auto backend = create_backend(options.backend, context);
-  context.timeout = options.timeout;
+  context.timeout = timeout;
   std::vector<int> global(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) global[static_cast<size_t>(r)] = r;
   get_logger("coll")->debug("process group ready: backend={} rank={} world={} attempt={} prefix={}",

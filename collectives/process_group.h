@@ -16,8 +16,8 @@
 //
 // Every collective exists in a blocking form and an `_async` form returning a
 // Work handle. Every call is bounded: by the group's timeout (default 30 min,
-// as torch's gloo) or by the `timeout` argument when it is not zero. After a
-// collective failed (TimeoutError, IoError: a peer died or hung) the group is
+// as torch's gloo; 10 min for nccl, as torch's NCCL) or by the `timeout` argument when it is not
+// zero. After a collective failed (TimeoutError, IoError: a peer died or hung) the group is
 // unusable; the process should exit so that the launcher restarts the job.
 //
 // Semantics are torch.distributed's: every rank of a group calls the same
@@ -44,6 +44,8 @@
 namespace ctorchrun::dist {
 
 inline constexpr std::chrono::milliseconds kDefaultTimeout{30 * 60 * 1000};
+// The default of the nccl backend (InitOptions::timeout left at kDefaultTimeout).
+inline constexpr std::chrono::milliseconds kDefaultNcclTimeout{10 * 60 * 1000};
 // Passed as a call's timeout: use the group's.
 inline constexpr std::chrono::milliseconds kGroupTimeout{0};
 // The store prefix of every key libctorch_dist writes.
@@ -58,7 +60,7 @@ struct InitOptions {
   std::optional<std::string> master_addr;               // MASTER_ADDR
   std::optional<int> master_port;                       // MASTER_PORT
   std::optional<int> restart_count;                     // TORCHELASTIC_RESTART_COUNT (0 if unset)
-  std::chrono::milliseconds timeout = kDefaultTimeout;  // ops, and set-up
+  std::chrono::milliseconds timeout = kDefaultTimeout;  // ops, and set-up (nccl: 10 min)
   // kCpu for gloo; for NCCL the CUDA device (index -1: LOCAL_RANK).
   Device device{};
   // A store to use instead of connecting to MASTER_ADDR:MASTER_PORT (tests,

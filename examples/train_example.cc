@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -37,6 +38,7 @@
 #include "collectives/process_group.h"
 #include "collectives/sha256.h"
 #include "common/error.h"
+#include "examples/device_staging.h"
 
 namespace dist = ctorchrun::dist;
 
@@ -106,15 +108,26 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", epochs, "epochs to train in total")
       ->required()
       ->check(CLI::PositiveNumber);
-  app.add_option("--fail-once-at-epoch", fail_at,
-                 "rank 1 exits with code 3 at the start of this epoch on attempt 0");
-  app.add_option("--backend", backend, "process group backend")->default_val("gloo");
+  app.add_option(
+      "--fail-once-at-epoch", fail_at,
+      "rank 1 (rank 0 if alone) exits with code 3 at the start of this epoch on attempt 0");
+  app.add_option("--backend", backend, "process group backend: gloo, or nccl (on cuda:LOCAL_RANK)")
+      ->default_val("gloo");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    ctorchrun::tools::register_gpu_backends();
     dist::InitOptions options;
     options.backend = backend;
+    if (backend == "nccl") options.device = {dist::DeviceType::kCuda, -1};
     auto pg = dist::init_process_group(options);
+    // With nccl the parameters and gradients are broadcast and reduced in
+    // device memory; the arithmetic stays on the host, so both backends train
+    // the same model bit for bit.
+    const dist::Device device = pg->device();
+    auto on_device = [&](const dist::Buffer& host, const auto& op) {
+      ctorchrun::tools::staged(host, device, op);
+    };
     const int rank = pg->rank();
     const int world = pg->size();
     const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
@@ -133,8 +146,9 @@ int main(int argc, char** argv) {
         start_epoch = ckpt->step + 1;
       }
     }
-    pg->broadcast(dist::make_buffer(&start_epoch, 1), 0);
-    pg->broadcast(dist::make_buffer(params.data(), params.size()), 0);
+    auto broadcast = [&](const dist::Buffer& b) { pg->broadcast(b, 0); };
+    on_device(dist::make_buffer(&start_epoch, 1), broadcast);
+    on_device(dist::make_buffer(params.data(), params.size()), broadcast);
     if (rank == 0) {
       std::cerr << "ctorch-train-example: world " << world << " attempt " << attempt
                 << " starting at epoch " << start_epoch << " of " << epochs << "\n";
@@ -142,9 +156,10 @@ int main(int argc, char** argv) {
 
     std::vector<int64_t> grad(kParams);
     for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
-      if (epoch == fail_at && rank == 1 && attempt == 0 && world > 1) {
-        std::cerr << "ctorch-train-example: rank 1 fails at the start of epoch " << epoch
-                  << " (--fail-once-at-epoch)\n";
+      // Rank 1 fails (rank 0 when it runs alone, as on a one-GPU machine).
+      if (epoch == fail_at && rank == std::min(1, world - 1) && attempt == 0) {
+        std::cerr << "ctorch-train-example: rank " << rank << " fails at the start of epoch "
+                  << epoch << " (--fail-once-at-epoch)\n";
         std::cerr.flush();
         std::_Exit(3);
       }
@@ -161,7 +176,8 @@ int main(int argc, char** argv) {
           }
           grad[kFeatures] += std::llround(error * kFixedPoint);
         }
-        pg->all_reduce(dist::make_buffer(grad.data(), grad.size()));
+        on_device(dist::make_buffer(grad.data(), grad.size()),
+                  [&](const dist::Buffer& b) { pg->all_reduce(b); });
         for (int j = 0; j < kParams; ++j) {
           params[j] -= kLearningRate * (static_cast<double>(grad[j]) / kFixedPoint) / kBatch;
         }

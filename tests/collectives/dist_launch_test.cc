@@ -181,3 +181,13 @@ TEST_CASE("dist package: an out-of-tree project builds with find_package(ctorchr
   auto out = run({dir.file("build/consumer"), dir.file("ckpt")});
   CHECK_THAT(out, Catch::Contains("consumer: ok"));
 }
+
+TEST_CASE("dist trainer: alone, rank 0 takes the injected crash and the restart resumes",
+          "[multiproc]") {
+  TempDir clean, crashed;
+  auto a = train(1, clean.path, 4);
+  auto b = train(1, crashed.path, 4, {"--fail-once-at-epoch", "2"}, {"--max_restarts=1"});
+  CHECK(b["attempt"] == 1);
+  CHECK(b["start_epoch"] == 2);
+  CHECK(a["digest"] == b["digest"]);
+}

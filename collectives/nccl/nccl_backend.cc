@@ -1,0 +1,483 @@
+#include "collectives/nccl/nccl_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "collectives/nccl/nccl_internal.h"
+#include "common/error.h"
+
+namespace ctorchrun::dist {
+namespace nccl_detail {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr const char* kUniqueIdKey = "nccl_unique_id";
+
+class RealApi : public Api {
+ public:
+  ncclResult_t get_unique_id(ncclUniqueId* id) override { return ncclGetUniqueId(id); }
+  cudaError_t event_query(cudaEvent_t event) override { return cudaEventQuery(event); }
+  ncclResult_t comm_get_async_error(ncclComm_t comm, ncclResult_t* error) override {
+    return ncclCommGetAsyncError(comm, error);
+  }
+  ncclResult_t comm_abort(ncclComm_t comm) override { return ncclCommAbort(comm); }
+  cudaError_t event_destroy(cudaEvent_t event) override { return cudaEventDestroy(event); }
+};
+
+std::atomic<Api*> replacement{nullptr};
+
+}  // namespace
+
+Api& api() {
+  static RealApi real;
+  Api* replaced = replacement.load();
+  return replaced != nullptr ? *replaced : real;
+}
+
+Api* replace_api(Api* api) { return replacement.exchange(api); }
+
+std::exception_ptr nccl_error(ncclResult_t result, const std::string& what) {
+  std::string message = "nccl: " + what + ": " + ncclGetErrorString(result);
+  switch (result) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return std::make_exception_ptr(ConfigError(message));
+    default:
+      return std::make_exception_ptr(IoError(message));
+  }
+}
+
+std::exception_ptr cuda_error(cudaError_t result, const std::string& what) {
+  std::string message = "nccl: " + what + ": CUDA error " + std::to_string(int(result)) + " (" +
+                        cudaGetErrorName(result) + ": " + cudaGetErrorString(result) + ")";
+  switch (result) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+    case cudaErrorDevicesUnavailable:
+      return std::make_exception_ptr(ConfigError(message));
+    default:
+      return std::make_exception_ptr(IoError(message));
+  }
+}
+
+ncclUniqueId exchange_unique_id(Api& calls, store::Store& store, int rank, milliseconds timeout) {
+  ncclUniqueId id{};
+  if (rank == 0) {
+    ncclResult_t result = calls.get_unique_id(&id);
+    if (result != ncclSuccess) std::rethrow_exception(nccl_error(result, "ncclGetUniqueId"));
+    store.set(kUniqueIdKey, std::string(id.internal, sizeof id.internal));
+    return id;
+  }
+  try {
+    store.wait({kUniqueIdKey}, timeout);
+  } catch (const TimeoutError&) {
+    throw TimeoutError("nccl: rank " + std::to_string(rank) + " waited " +
+                       std::to_string(timeout.count()) + " ms for rank 0's unique id (store key " +
+                       kUniqueIdKey + ")");
+  }
+  std::string value = store.get(kUniqueIdKey);
+  if (value.size() != sizeof id.internal) {
+    throw ProtocolError("nccl: the unique id in the store holds " + std::to_string(value.size()) +
+                        " bytes, not " + std::to_string(sizeof id.internal));
+  }
+  std::memcpy(id.internal, value.data(), value.size());
+  return id;
+}
+
+Communicator::~Communicator() {
+  if (aborted_.load() || comm_ == nullptr) return;
+  // Finalize flushes outstanding work; bounded, then destroy (or abort).
+  if (ncclCommFinalize(comm_) == ncclInProgress) {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress && Clock::now() < until) {
+      if (api_.comm_get_async_error(comm_, &state) != ncclSuccess) break;
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (state != ncclSuccess) {
+      abort();
+      return;
+    }
+  }
+  ncclCommDestroy(comm_);
+}
+
+void Communicator::abort() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (aborted_.exchange(true)) return;
+  api_.comm_abort(comm_);  // the op's own error is what the caller sees
+}
+
+void await(Communicator& comm, cudaEvent_t event, Clock::time_point abort_at,
+           Clock::time_point give_up_at, milliseconds timeout, const std::string& what) {
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    if (comm.aborted()) {
+      throw IoError("nccl: " + what + ": the communicator was aborted by an earlier failure");
+    }
+    if (event != nullptr) {
+      cudaError_t state = comm.calls().event_query(event);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) {
+        comm.abort();
+        std::rethrow_exception(cuda_error(state, what));
+      }
+    }
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t queried = comm.calls().comm_get_async_error(comm.get(), &async);
+    if (queried != ncclSuccess) async = queried;
+    if (event == nullptr && async == ncclSuccess) return;
+    if (async != ncclSuccess && async != ncclInProgress) {
+      comm.abort();
+      std::rethrow_exception(
+          nccl_error(async, what + " (asynchronous error; communicator aborted)"));
+    }
+    const auto now = Clock::now();
+    if (now >= abort_at) {
+      comm.abort();
+      throw TimeoutError("nccl: " + what + " did not complete within " +
+                         std::to_string(timeout.count()) +
+                         " ms; communicator aborted (a rank stalled, died or called a different "
+                         "collective)");
+    }
+    if (now >= give_up_at) {
+      throw TimeoutError("nccl: " + what + " is still running; gave up waiting for it");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+EventWork::EventWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, milliseconds timeout,
+                     std::string what)
+    : comm_(std::move(comm)),
+      event_(event),
+      timeout_(timeout),
+      abort_at_(Clock::now() + timeout),
+      what_(std::move(what)) {}
+
+EventWork::~EventWork() {
+  if (event_ != nullptr) comm_->calls().event_destroy(event_);
+}
+
+void EventWork::wait() { wait_until(Clock::time_point::max()); }
+void EventWork::wait(milliseconds timeout) { wait_until(Clock::now() + timeout); }
+
+bool EventWork::is_completed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (done_) return true;
+  if (comm_->calls().event_query(event_) == cudaSuccess) done_ = true;
+  return done_;
+}
+
+void EventWork::wait_until(Clock::time_point give_up_at) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!done_) {
+    try {
+      await(*comm_, event_, abort_at_, give_up_at, timeout_, what_);
+    } catch (const TimeoutError&) {
+      if (!comm_->aborted()) throw;  // gave up early: the op goes on
+      error_ = std::current_exception();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    done_ = true;
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+namespace {
+
+thread_local CUstream_st* stream_override = nullptr;
+
+void check_cuda(cudaError_t result, const std::string& what) {
+  if (result != cudaSuccess) std::rethrow_exception(cuda_error(result, what));
+}
+
+ncclDataType_t nccl_type(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kUInt8:
+      return ncclUint8;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+  }
+  throw ConfigError("nccl: unknown data type");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProduct:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kAverage:
+      return ncclAvg;
+  }
+  throw ConfigError("nccl: unknown reduction");
+}
+
+char* at(const Buffer& b, size_t slice, size_t slice_count) {
+  return static_cast<char*>(b.data) + slice * slice_count * element_size(b.dtype);
+}
+
+class NcclBackend : public Backend {
+ public:
+  static constexpr std::chrono::seconds kDrainTimeout{30};
+
+  NcclBackend(const BackendContext& context, std::shared_ptr<Communicator> comm,
+              cudaStream_t stream, void* scratch)
+      : rank_(context.rank),
+        size_(context.size),
+        device_(context.device.index),
+        comm_(std::move(comm)),
+        stream_(stream),
+        scratch_(scratch) {}
+  ~NcclBackend() override {
+    cudaSetDevice(device_);
+    // Drain the group's stream, bounded: a stream stuck on a dead peer is
+    // aborted instead of hanging the destructor.
+    cudaEvent_t last = nullptr;
+    if (!comm_->aborted() &&
+        cudaEventCreateWithFlags(&last, cudaEventDisableTiming) == cudaSuccess) {
+      if (cudaEventRecord(last, stream_) == cudaSuccess) {
+        try {
+          await(*comm_, last, Clock::now() + kDrainTimeout, Clock::time_point::max(),
+                std::chrono::duration_cast<milliseconds>(kDrainTimeout), "draining the group");
+        } catch (const std::exception&) {
+          // await aborted the communicator; nothing is left to wait for.
+        }
+      }
+      cudaEventDestroy(last);
+    }
+    comm_.reset();
+    cudaFree(scratch_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "nccl"; }
+
+  WorkHandle run(const Op& op, bool async) override {
+    const std::string what = std::string(to_string(op.type)) + " on rank " + std::to_string(rank_) +
+                             "/" + std::to_string(size_);
+    for (const Buffer* b : {&op.input, &op.output}) {
+      if (b->count > 0 && b->device.index != device_) {
+        throw ConfigError("nccl: " + what + ": a buffer is on " + to_string(b->device) +
+                          " but the group works on cuda:" + std::to_string(device_));
+      }
+    }
+    if (comm_->aborted()) {
+      throw IoError("nccl: " + what + ": the communicator was aborted by an earlier failure");
+    }
+    std::unique_lock<std::mutex> lock(mutex_);  // one enqueue at a time: same order on every rank
+    check_cuda(cudaSetDevice(device_), what + ": cudaSetDevice");
+    cudaStream_t stream = stream_override != nullptr ? stream_override : stream_;
+    const auto abort_at = Clock::now() + op.timeout;
+    ncclResult_t result = ncclGroupStart();
+    if (result == ncclSuccess) result = enqueue(op, stream);
+    ncclResult_t ended = ncclGroupEnd();
+    if (result == ncclSuccess) result = ended;
+    if (result != ncclSuccess && result != ncclInProgress) {
+      std::rethrow_exception(nccl_error(result, what));
+    }
+    await(*comm_, nullptr, abort_at, Clock::time_point::max(), op.timeout, what + " (enqueue)");
+    cudaEvent_t event = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), what + ": event");
+    cudaError_t recorded = cudaEventRecord(event, stream);
+    if (recorded != cudaSuccess) {
+      cudaEventDestroy(event);
+      std::rethrow_exception(cuda_error(recorded, what + ": cudaEventRecord"));
+    }
+    auto work = std::make_shared<EventWork>(comm_, event, op.timeout, what);
+    lock.unlock();  // others may enqueue behind this op while it runs
+    if (!async) work->wait();
+    return work;
+  }
+
+ private:
+  ncclResult_t enqueue(const Op& op, cudaStream_t stream) {
+    ncclComm_t comm = comm_->get();
+    const Buffer& in = op.input;
+    const Buffer& out = op.output;
+    switch (op.type) {
+      case OpType::kAllReduce:
+        return ncclAllReduce(out.data, out.data, out.count, nccl_type(out.dtype),
+                             nccl_op(op.reduce), comm, stream);
+      case OpType::kBroadcast:
+        return ncclBroadcast(out.data, out.data, out.count, nccl_type(out.dtype), op.peer, comm,
+                             stream);
+      case OpType::kReduce:
+        return ncclReduce(out.data, out.data, out.count, nccl_type(out.dtype), nccl_op(op.reduce),
+                          op.peer, comm, stream);
+      case OpType::kAllGather:
+        return ncclAllGather(in.data, out.data, in.count, nccl_type(in.dtype), comm, stream);
+      case OpType::kReduceScatter:
+        return ncclReduceScatter(in.data, out.data, out.count, nccl_type(in.dtype),
+                                 nccl_op(op.reduce), comm, stream);
+      case OpType::kBarrier:
+        return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm, stream);
+      case OpType::kSend:
+        return ncclSend(in.data, in.count, nccl_type(in.dtype), op.peer, comm, stream);
+      case OpType::kRecv:
+        return ncclRecv(out.data, out.count, nccl_type(out.dtype), op.peer, comm, stream);
+      case OpType::kGather:
+        return gather_like(op, stream, /*scatter=*/false);
+      case OpType::kScatter:
+        return gather_like(op, stream, /*scatter=*/true);
+      case OpType::kAllToAll: {
+        const size_t slice = in.count / static_cast<size_t>(size_);
+        const size_t bytes = slice * element_size(in.dtype);
+        for (int r = 0; r < size_; ++r) {
+          const auto s = static_cast<size_t>(r);
+          if (r == rank_) {
+            if (cudaMemcpyAsync(at(out, s, slice), at(in, s, slice), bytes,
+                                cudaMemcpyDeviceToDevice, stream) != cudaSuccess) {
+              return ncclUnhandledCudaError;
+            }
+            continue;
+          }
+          ncclResult_t r1 = ncclSend(at(in, s, slice), slice, nccl_type(in.dtype), r, comm, stream);
+          if (r1 != ncclSuccess) return r1;
+          ncclResult_t r2 =
+              ncclRecv(at(out, s, slice), slice, nccl_type(in.dtype), r, comm, stream);
+          if (r2 != ncclSuccess) return r2;
+        }
+        return ncclSuccess;
+      }
+    }
+    return ncclInvalidArgument;
+  }
+
+  // gather: every rank's input into slice r of root's output; scatter: slice
+  // r of root's input to rank r's output.
+  ncclResult_t gather_like(const Op& op, cudaStream_t stream, bool scatter) {
+    ncclComm_t comm = comm_->get();
+    const Buffer& mine = scatter ? op.output : op.input;  // this rank's slice
+    const Buffer& whole = scatter ? op.input : op.output;
+    const size_t slice = mine.count;
+    const ncclDataType_t type = nccl_type(mine.dtype);
+    if (rank_ != op.peer) {
+      return scatter ? ncclRecv(mine.data, slice, type, op.peer, comm, stream)
+                     : ncclSend(mine.data, slice, type, op.peer, comm, stream);
+    }
+    for (int r = 0; r < size_; ++r) {
+      char* part = at(whole, static_cast<size_t>(r), slice);
+      if (r == rank_) {
+        void* dst = scatter ? mine.data : static_cast<void*>(part);
+        const void* src = scatter ? static_cast<const void*>(part) : mine.data;
+        if (slice > 0 && cudaMemcpyAsync(dst, src, slice * element_size(mine.dtype),
+                                         cudaMemcpyDeviceToDevice, stream) != cudaSuccess) {
+          return ncclUnhandledCudaError;
+        }
+        continue;
+      }
+      ncclResult_t result = scatter ? ncclSend(part, slice, type, r, comm, stream)
+                                    : ncclRecv(part, slice, type, r, comm, stream);
+      if (result != ncclSuccess) return result;
+    }
+    return ncclSuccess;
+  }
+
+  int rank_;
+  int size_;
+  int device_;
+  std::shared_ptr<Communicator> comm_;
+  cudaStream_t stream_;
+  void* scratch_;
+  std::mutex mutex_;
+};
+
+}  // namespace
+}  // namespace nccl_detail
+
+using nccl_detail::check_cuda;
+using nccl_detail::Clock;
+
+StreamGuard::StreamGuard(CUstream_st* stream) : previous_(nccl_detail::stream_override) {
+  nccl_detail::stream_override = stream;
+}
+StreamGuard::~StreamGuard() { nccl_detail::stream_override = previous_; }
+CUstream_st* current_stream_override() { return nccl_detail::stream_override; }
+
+std::unique_ptr<Backend> create_nccl_backend(const BackendContext& context) {
+  using std::chrono::milliseconds;
+  if (context.device.type != DeviceType::kCuda || context.device.index < 0) {
+    throw ConfigError("the nccl backend works on CUDA devices; device " +
+                      to_string(context.device) +
+                      " cannot be used (InitOptions::device = {DeviceType::kCuda, index})");
+  }
+  if (context.size < 1 || context.rank < 0 || context.rank >= context.size) {
+    throw ConfigError("nccl: rank " + std::to_string(context.rank) + " is not in [0, " +
+                      std::to_string(context.size) + ")");
+  }
+  const auto deadline = Clock::now() + context.timeout;
+  int devices = 0;
+  check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  if (context.device.index >= devices) {
+    throw ConfigError("nccl: device " + to_string(context.device) + " does not exist (" +
+                      std::to_string(devices) + " CUDA device(s) visible)");
+  }
+  nccl_detail::Api& calls = nccl_detail::api();
+  ncclUniqueId id =
+      nccl_detail::exchange_unique_id(calls, *context.store, context.rank, context.timeout);
+  check_cuda(cudaSetDevice(context.device.index), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  void* scratch = nullptr;
+  cudaError_t allocated = cudaMalloc(&scratch, sizeof(float));
+  if (allocated != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    std::rethrow_exception(nccl_detail::cuda_error(allocated, "cudaMalloc"));
+  }
+  // Non-blocking: set-up returns at once and is polled, so it is bounded.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t raw = nullptr;
+  ncclResult_t result = ncclCommInitRankConfig(&raw, context.size, id, context.rank, &config);
+  if (result != ncclSuccess && result != ncclInProgress) {
+    if (raw != nullptr) ncclCommAbort(raw);
+    cudaFree(scratch);
+    cudaStreamDestroy(stream);
+    std::rethrow_exception(nccl_detail::nccl_error(result, "ncclCommInitRankConfig"));
+  }
+  auto comm = std::make_shared<nccl_detail::Communicator>(calls, raw);
+  try {
+    nccl_detail::await(*comm, nullptr, deadline, Clock::time_point::max(), context.timeout,
+                       "communicator set-up (rank " + std::to_string(context.rank) + " of " +
+                           std::to_string(context.size) + ")");
+  } catch (...) {
+    comm.reset();
+    cudaFree(scratch);
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  return std::make_unique<nccl_detail::NcclBackend>(context, std::move(comm), stream, scratch);
+}
+
+void register_nccl_backend() { register_backend("nccl", create_nccl_backend); }
+
+namespace {
+// Loading the library registers the backend.
+const bool registered = (register_nccl_backend(), true);
+}  // namespace
+
+}  // namespace ctorchrun::dist

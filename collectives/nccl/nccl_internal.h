@@ -1,0 +1,110 @@
+#pragma once
+
+// Inside the nccl backend: the calls its completion, timeout and abort logic
+// observe, behind an interface tests replace (a stalled stream, an
+// asynchronous NCCL error) on machines without a GPU; the error mapping; the
+// unique id exchange. Not installed.
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "collectives/work.h"
+#include "store/store.h"
+
+namespace ctorchrun::dist::nccl_detail {
+
+using Clock = std::chrono::steady_clock;
+
+class Api {
+ public:
+  virtual ~Api() = default;
+  virtual ncclResult_t get_unique_id(ncclUniqueId* id) = 0;
+  virtual cudaError_t event_query(cudaEvent_t event) = 0;
+  virtual ncclResult_t comm_get_async_error(ncclComm_t comm, ncclResult_t* error) = 0;
+  virtual ncclResult_t comm_abort(ncclComm_t comm) = 0;
+  virtual cudaError_t event_destroy(cudaEvent_t event) = 0;
+};
+
+// The Api every backend of this process uses: NCCL and CUDA unless replaced.
+Api& api();
+// Replaces the Api (nullptr: back to NCCL and CUDA); returns the previous
+// replacement. For tests; not safe while groups exist.
+Api* replace_api(Api* replacement);
+
+// The error an NCCL result stands for: ConfigError for invalid arguments and
+// usage, IoError for the rest (system, remote, CUDA, internal).
+std::exception_ptr nccl_error(ncclResult_t result, const std::string& what);
+// The error a CUDA result stands for: ConfigError when no usable device is
+// there (no device, no or old driver, bad ordinal), IoError for the rest.
+std::exception_ptr cuda_error(cudaError_t result, const std::string& what);
+
+// Rank 0 makes the unique id and sets it under "nccl_unique_id"; the others
+// wait for it (TimeoutError naming the key after `timeout`).
+ncclUniqueId exchange_unique_id(Api& api, store::Store& store, int rank,
+                                std::chrono::milliseconds timeout);
+
+// A communicator with its abort state. abort() calls ncclCommAbort once.
+class Communicator {
+ public:
+  Communicator(Api& api, ncclComm_t comm) : api_(api), comm_(comm) {}
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  ncclComm_t get() const { return comm_; }
+  Api& calls() const { return api_; }
+  bool aborted() const { return aborted_.load(); }
+  void abort();
+
+ private:
+  Api& api_;
+  ncclComm_t comm_;
+  std::atomic<bool> aborted_{false};
+  std::mutex mutex_;
+};
+
+// Polls until `event` has completed (with a null event: until the
+// communicator has no call in progress). An asynchronous NCCL error or a
+// failed event query aborts the communicator and throws the mapped error;
+// passing `abort_at` aborts it and throws TimeoutError (`timeout` is named in
+// the message); passing `give_up_at` (earlier) throws TimeoutError and leaves
+// the communicator running.
+void await(Communicator& comm, cudaEvent_t event, Clock::time_point abort_at,
+           Clock::time_point give_up_at, std::chrono::milliseconds timeout,
+           const std::string& what);
+
+// The Work of one enqueued op: an event recorded after it on its stream.
+// wait() ends at the op's timeout by aborting the communicator (TimeoutError,
+// and every later wait throws it too); wait(timeout) gives up earlier with a
+// TimeoutError of its own and leaves the op running.
+class EventWork : public Work {
+ public:
+  EventWork(std::shared_ptr<Communicator> comm, cudaEvent_t event,
+            std::chrono::milliseconds timeout, std::string what);
+  ~EventWork() override;
+
+  void wait() override;
+  void wait(std::chrono::milliseconds timeout) override;
+  bool is_completed() override;
+
+ private:
+  void wait_until(Clock::time_point give_up_at);
+
+  std::shared_ptr<Communicator> comm_;
+  cudaEvent_t event_;
+  std::chrono::milliseconds timeout_;
+  Clock::time_point abort_at_;
+  std::string what_;
+  std::mutex mutex_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace ctorchrun::dist::nccl_detail
