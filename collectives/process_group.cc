@@ -1,5 +1,7 @@
 #include "collectives/process_group.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <set>
@@ -87,6 +89,21 @@ ProcessGroup::~ProcessGroup() {
   backend_.reset();  // stops the backend's threads before the store goes
 }
 
+namespace {
+
+// gloo writes to its peers' sockets without MSG_NOSIGNAL: with SIGPIPE's
+// default action a peer's death would kill this process instead of failing
+// the op. A handler or SIG_IGN the program chose is left alone.
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      !(current.sa_flags & SA_SIGINFO)) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const int rank = env_int("RANK", options.rank, std::nullopt);
   const int world = env_int("WORLD_SIZE", options.world_size, std::nullopt);
@@ -104,6 +121,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
                                    ? kDefaultNcclTimeout
                                    : options.timeout;
   const auto deadline = Clock::now() + timeout;
+  ignore_default_sigpipe();
 
   std::shared_ptr<store::Store> root = options.store;
   std::shared_ptr<void> keep_alive;

@@ -176,6 +176,9 @@ class ProcessGroup {
 // Blocks until every rank has arrived, at most options.timeout; on timeout the
 // TimeoutError names the ranks that never arrived. Throws ConfigError for a
 // missing or malformed variable, IoError when the store cannot be reached.
+// A process that still has SIGPIPE's default action gets it ignored, as
+// Python (and so every torch worker) does: a write to a dead peer's socket
+// must fail the op with an error, not kill the survivor silently.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
 }  // namespace ctorchrun::dist

@@ -1,6 +1,7 @@
 // libctorch_dist without the network: conversions, reductions, SHA-256,
 // argument checking, checkpoint files.
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -270,4 +271,26 @@ TEST_CASE("dist checkpoint: truncated, torn and corrupted files are skipped, nev
   REQUIRE(latest.has_value());
   CHECK(latest->step == 1);
   CHECK(latest->payload == std::string(1000, 'a'));
+}
+
+TEST_CASE(
+    "dist process group: init ignores SIGPIPE (a dead peer fails an op, never kills) unless the "
+    "program chose its own action",
+    "[unit]") {
+  struct sigaction saved {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &saved) == 0);
+  ::signal(SIGPIPE, SIG_DFL);
+  auto pg = single_rank_group();
+  struct sigaction now {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
+  CHECK(now.sa_handler == SIG_IGN);
+  // A program's own choice stays.
+  ::signal(SIGPIPE, SIG_DFL);
+  struct sigaction mine {};
+  mine.sa_handler = [](int) {};
+  ::sigaction(SIGPIPE, &mine, nullptr);
+  auto again = single_rank_group();
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
+  CHECK(now.sa_handler == mine.sa_handler);
+  ::sigaction(SIGPIPE, &saved, nullptr);
 }
