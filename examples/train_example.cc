@@ -15,7 +15,7 @@
 // Epochs count from 0; after each, rank 0 saves a checkpoint in --workdir;
 // on start, rank 0 loads the latest valid one and broadcasts it. Rank 1 exits
 // with code 3 at the start of --fail-once-at-epoch when
-// TORCHELASTIC_RESTART_COUNT is 0 (never at world size 1). Rank 0 writes
+// TORCHELASTIC_RESTART_COUNT is 0 (--fail-rank R picks another rank). Rank 0 writes
 // --workdir/result.json: digest (SHA-256 hex of the final parameters' bytes),
 // world, attempt, start_epoch, epochs.
 
@@ -103,14 +103,18 @@ int main(int argc, char** argv) {
   std::string workdir;
   int epochs = 0;
   int fail_at = -1;
+  int fail_rank = 1;
   std::string backend = "gloo";
   app.add_option("--workdir", workdir, "checkpoints and result.json")->required();
   app.add_option("--epochs", epochs, "epochs to train in total")
       ->required()
       ->check(CLI::PositiveNumber);
-  app.add_option(
-      "--fail-once-at-epoch", fail_at,
-      "rank 1 (rank 0 if alone) exits with code 3 at the start of this epoch on attempt 0");
+  app.add_option("--fail-once-at-epoch", fail_at,
+                 "--fail-rank exits with code 3 at the start of this epoch on attempt 0");
+  app.add_option("--fail-rank", fail_rank,
+                 "the rank --fail-once-at-epoch fails (default 1: nothing fails at world size 1; "
+                 "0 lets a one-rank job, as on one GPU, crash and resume)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--backend", backend, "process group backend: gloo, or nccl (on cuda:LOCAL_RANK)")
       ->default_val("gloo");
   CLI11_PARSE(app, argc, argv);
@@ -156,8 +160,7 @@ int main(int argc, char** argv) {
 
     std::vector<int64_t> grad(kParams);
     for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
-      // Rank 1 fails (rank 0 when it runs alone, as on a one-GPU machine).
-      if (epoch == fail_at && rank == std::min(1, world - 1) && attempt == 0) {
+      if (epoch == fail_at && rank == fail_rank && attempt == 0) {
         std::cerr << "ctorch-train-example: rank " << rank << " fails at the start of epoch "
                   << epoch << " (--fail-once-at-epoch)\n";
         std::cerr.flush();

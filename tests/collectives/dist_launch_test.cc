@@ -182,11 +182,16 @@ TEST_CASE("dist package: an out-of-tree project builds with find_package(ctorchr
   CHECK_THAT(out, Catch::Contains("consumer: ok"));
 }
 
-TEST_CASE("dist trainer: alone, rank 0 takes the injected crash and the restart resumes",
+TEST_CASE("dist trainer: alone, --fail-rank 0 takes the injected crash and the restart resumes",
           "[multiproc]") {
-  TempDir clean, crashed;
+  TempDir clean, crashed, untouched;
   auto a = train(1, clean.path, 4);
-  auto b = train(1, crashed.path, 4, {"--fail-once-at-epoch", "2"}, {"--max_restarts=1"});
+  auto b = train(1, crashed.path, 4, {"--fail-once-at-epoch", "2", "--fail-rank", "0"},
+                 {"--max_restarts=1"});
+  // The default failing rank is 1: alone, nothing fails.
+  auto c = train(1, untouched.path, 4, {"--fail-once-at-epoch", "2"});
+  CHECK(c["attempt"] == 0);
+  CHECK(c["digest"] == a["digest"]);
   CHECK(b["attempt"] == 1);
   CHECK(b["start_epoch"] == 2);
   CHECK(a["digest"] == b["digest"]);

@@ -262,7 +262,8 @@ nlohmann::json train(const std::string& workdir, const std::vector<std::string>&
 TEST_CASE("nccl gpu trainer: clean and crash-resume runs end with the same digest", "[gpu]") {
   TempDir clean, crashed;
   auto a = train(clean.path, {}, {});
-  auto b = train(crashed.path, {"--fail-once-at-epoch", "3"}, {"--max_restarts=1"});
+  auto b =
+      train(crashed.path, {"--fail-once-at-epoch", "3", "--fail-rank", "0"}, {"--max_restarts=1"});
   CHECK(a["attempt"] == 0);
   CHECK(b["attempt"] == 1);
   CHECK(b["start_epoch"] == 3);
