@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "rendezvous/c10d_handler.h"
 #include "rendezvous/static_handler.h"
 #include "worker/console.h"
 
@@ -911,9 +912,29 @@ RunResult run(const LaunchConfig& config) {
   limits.max_keys_per_op = config.store_max_keys_per_op.value_or(limits.max_keys_per_op);
   limits.max_request_bytes = config.store_max_request_bytes.value_or(limits.max_request_bytes);
   so.server.max_connections = config.store_max_connections.value_or(so.server.max_connections);
-  rendezvous::StaticHandler rdzv(so);
+  std::unique_ptr<rendezvous::Handler> rdzv;
+  if (config.rdzv_backend == "c10d") {
+    rendezvous::C10dOptions co;
+    co.endpoint_host = config.master_addr;  // the command line put --rdzv_endpoint there
+    co.endpoint_port = config.master_port;
+    co.run_id = config.run_id;
+    co.min_nodes = config.min_nodes;
+    co.max_nodes = config.max_nodes;
+    co.max_restarts = config.max_restarts;
+    co.entrypoint = config.entrypoint_name;
+    co.local_world_size = config.nproc_per_node;
+    co.host = so.host;
+    co.is_host = config.is_host;
+    co.join_timeout = config.join_timeout;
+    co.last_call_timeout = config.last_call_timeout;
+    co.read_timeout = config.read_timeout;
+    co.server = so.server;
+    rdzv = std::make_unique<rendezvous::C10dHandler>(co);
+  } else {
+    rdzv = std::make_unique<rendezvous::StaticHandler>(so);
+  }
   auto launcher = worker::make_process_launcher();
-  ElasticAgent agent(config, rdzv, *launcher, *events);
+  ElasticAgent agent(config, *rdzv, *launcher, *events);
   set_signal_relay(&agent);  // cleared by ~ElasticAgent on every path
   return agent.run();
 }

@@ -1,0 +1,179 @@
+// Regression tests of issue 10: torchrun's multi-node command with
+// --rdzv_backend=c10d. The command line, then real agents on loopback with
+// shell workers.
+
+#include <catch2/catch.hpp>
+#include <set>
+#include <sstream>
+
+#include "cli/command_line.h"
+#include "tests/launcher/launcher_support.h"
+
+using namespace ctorchrun;
+using namespace ctorchrun::testing;
+using namespace std::chrono_literals;
+using cli::ParseOutcome;
+
+namespace {
+
+ParseOutcome parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "ctorchrun");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::map<std::string, std::string> env{{"CTORCHRUN_PYTHON", "/usr/bin/python3"}};
+  return cli::parse_command_line(static_cast<int>(argv.size()), argv.data(), env);
+}
+
+std::vector<std::string> sh(const std::string& body) {
+  return {"--no_python", "/bin/sh", "-c", body};
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("issue 10: --rdzv_backend=c10d takes the endpoint, torchrun's default port and MIN:MAX",
+          "[unit]") {
+  auto r = parse({"--nnodes=1:4", "--rdzv_backend=c10d", "--rdzv_endpoint=host0", "--rdzv_id=job7",
+                  "train.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.rdzv_backend == "c10d");
+  CHECK(r.config.master_addr == "host0");
+  CHECK(r.config.master_port == 29400);
+  CHECK(r.config.min_nodes == 1);
+  CHECK(r.config.max_nodes == 4);
+  CHECK(r.config.run_id == "job7");
+  CHECK(r.notices.empty());
+
+  r = parse({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=[::1]:1234", "train.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.master_addr == "::1");
+  CHECK(r.config.master_port == 1234);
+  CHECK(r.config.min_nodes == 2);
+  CHECK(r.config.max_nodes == 2);
+
+  // c10d's --rdzv_conf keys are read without a warning.
+  r = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=h:1",
+             "--rdzv_conf=join_timeout=5,last_call_timeout=0.5,is_host=1", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.warnings.empty());
+  CHECK(r.config.join_timeout == 5s);
+  CHECK(r.config.last_call_timeout == 500ms);
+  CHECK(r.config.is_host == true);
+}
+
+TEST_CASE(
+    "issue 10: under c10d --node_rank, --master_addr and --master_port are ignored with a "
+    "one-line notice each",
+    "[unit]") {
+  auto r = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=h:5", "--node_rank=1", "--master_addr=x",
+                  "--master_port=9", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.node_rank == 0);
+  CHECK(r.config.master_addr == "h");
+  CHECK(r.config.master_port == 5);
+  REQUIRE(r.notices.size() == 3);
+  for (const auto& n : r.notices) {
+    CHECK(contains(n, "is ignored under --rdzv_backend=c10d"));
+    CHECK_FALSE(contains(n, "\n"));
+  }
+}
+
+TEST_CASE("issue 10: c10d without an endpoint is a usage error (exit 2), --standalone needs none",
+          "[unit]") {
+  auto r = parse({"--rdzv_backend=c10d", "--nnodes=2", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kExit);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.message, "--rdzv_backend=c10d needs --rdzv_endpoint"));
+
+  r = parse({"--standalone", "--rdzv_backend=c10d", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.nnodes() == 1);
+}
+
+TEST_CASE("issue 10: two agents with --nnodes=2 under c10d form one job and finish it",
+          "[multiproc]") {
+  TempDir d;
+  const std::string port = std::to_string(free_port());
+  // Each worker leaves its ranks in a file named after its global rank.
+  const std::string body =
+      "echo \"$GROUP_RANK $LOCAL_RANK $WORLD_SIZE $GROUP_WORLD_SIZE $MASTER_PORT\" > " + d.path +
+      "/rank_$RANK";
+  auto agent = [&] {
+    return start_ctorchrun(concat(
+        {"--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+         "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=job10", "--rdzv_conf=join_timeout=60"},
+        sh(body)));
+  };
+  auto a = agent();
+  auto b = agent();
+  int rca = a->exit_code(60s), rcb = b->exit_code(60s);
+  std::string outa = a->read_all(1s), outb = b->read_all(1s);
+  INFO("agent a:\n" << outa << "\nagent b:\n" << outb);
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  std::set<std::string> group_ranks;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string f = d.file("rank_" + std::to_string(rank));
+    REQUIRE(file_exists(f));
+    std::istringstream in(read_file(f));
+    std::string group_rank, local_rank, world, group_world, master_port;
+    in >> group_rank >> local_rank >> world >> group_world >> master_port;
+    CHECK(group_rank == std::to_string(rank / 2));
+    CHECK(local_rank == std::to_string(rank % 2));
+    CHECK(world == "4");
+    CHECK(group_world == "2");
+    CHECK(master_port == port);
+    group_ranks.insert(group_rank);
+  }
+  CHECK(group_ranks.size() == 2);
+  // Exactly one of the two agents hosts the endpoint's store.
+  CHECK(count_lines_with(outa + outb, "hosting the rendezvous store") == 1);
+}
+
+TEST_CASE(
+    "issue 10: MIN never reached ends the agent with exit 3 after join_timeout, naming the "
+    "count",
+    "[multiproc]") {
+  const std::string port = std::to_string(free_port());
+  auto r = run_ctorchrun(
+      concat({"--nnodes=2:3", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
+              "--rdzv_id=lonely", "--rdzv_conf=join_timeout=1"},
+             sh("true")),
+      {}, 30s);
+  INFO(r.output);
+  CHECK(r.exit_code == 3);
+  CHECK(contains(r.output, "1 of min 2, max 3 nodes joined round 0"));
+  CHECK(contains(r.output, "timed out after 1s"));
+}
+
+TEST_CASE(
+    "issue 10: an agent whose --max_restarts differs from the job's exits 2 naming both "
+    "values",
+    "[multiproc]") {
+  const std::string port = std::to_string(free_port());
+  auto agent = [&](int max_restarts, const std::string& join_timeout) {
+    return start_ctorchrun(
+        concat({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
+                "--rdzv_id=differ", "--max_restarts=" + std::to_string(max_restarts),
+                "--rdzv_conf=join_timeout=" + join_timeout},
+               sh("true")));
+  };
+  auto first = agent(1, "5");
+  REQUIRE(wait_for_port(std::stoi(port), 30s));
+  auto second = agent(2, "30");
+  int rc2 = second->exit_code(30s);
+  std::string out2 = second->read_all(1s);
+  INFO(out2);
+  CHECK(rc2 == 2);
+  CHECK(contains(out2, "--max_restarts: the job's first node has 1, this node"));
+  CHECK(contains(out2, "has 2"));
+  CHECK(first->exit_code(30s) == 3);  // never completes: bounded by its join_timeout
+}
