@@ -513,7 +513,7 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
   if (join_set(keys::stopped(attempt))) info_.store->set(keys::all_stopped(attempt), "1");
   if (final) {
     // The host keeps the store up until every node has read the failure.
-    if (info_.clear_worker_keys) {
+    if (info_.store_host.value_or(static_cast<bool>(info_.clear_worker_keys))) {
       auto deadline = Clock::now() + 10s;
       while (Clock::now() < deadline) {
         try {
@@ -605,7 +605,10 @@ void ElasticAgent::Impl::leave_last() {
   // The store host leaves last: every other node reads its outcome from the
   // store. Live nodes leave within moments; dead ones are not waited for,
   // nodes of unknown liveness for at most the exit barrier timeout.
-  if (!info_.clear_worker_keys || info_.group_world_size == 1) return;
+  if (!info_.store_host.value_or(static_cast<bool>(info_.clear_worker_keys)) ||
+      info_.group_world_size == 1) {
+    return;
+  }
   auto deadline = Clock::now() + c_.exit_barrier_timeout;
   for (;;) {
     auto staying = others_except(monitor_->departed_nodes(), monitor_->dead_nodes());
@@ -711,7 +714,7 @@ void ElasticAgent::Impl::join() {
   MonitorOptions mo = monitor_options(c_);
   mo.node = info_.group_rank;
   mo.nnodes = info_.group_world_size;
-  mo.hosts_store = static_cast<bool>(info_.clear_worker_keys);
+  mo.hosts_store = info_.store_host.value_or(static_cast<bool>(info_.clear_worker_keys));
   monitor_window_ = mo.liveness_window();
   monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
 }
@@ -924,6 +927,7 @@ RunResult run(const LaunchConfig& config) {
     co.entrypoint = config.entrypoint_name;
     co.local_world_size = config.nproc_per_node;
     co.host = so.host;
+    co.advertise_addr = config.local_addr;
     co.is_host = config.is_host;
     co.join_timeout = config.join_timeout;
     co.last_call_timeout = config.last_call_timeout;

@@ -1,8 +1,11 @@
 #include "rendezvous/c10d_handler.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "common/error.h"
@@ -30,6 +33,42 @@ milliseconds left_until(Clock::time_point deadline) {
 }
 
 }  // namespace
+
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0) {
+    throw IoError("rendezvous endpoint '" + host + "' does not resolve (" + gai_strerror(rc) + ")");
+  }
+  std::string found;
+  for (addrinfo* ai = res; ai && found.empty(); ai = ai->ai_next) {
+    // A connected datagram socket takes the source address the kernel would
+    // route from; nothing goes on the wire.
+    int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[NI_MAXHOST] = {};
+      if (getnameinfo(reinterpret_cast<sockaddr*>(&local), len, text, sizeof text, nullptr, 0,
+                      NI_NUMERICHOST) == 0) {
+        found = text;
+      }
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  if (found.empty()) {
+    throw IoError("no local address reaches the rendezvous endpoint " + host + ":" + service +
+                  "; give --local_addr");
+  }
+  return found;
+}
 
 C10dHandler::C10dHandler(C10dOptions options) : options_(std::move(options)) {}
 
@@ -112,6 +151,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   me.max_restarts = options_.max_restarts;
   me.host = options_.host;
   me.pid = static_cast<int>(::getpid());
+  me.hosts_endpoint = server_ != nullptr;
   C10dState state(*job, settings, me, options_.last_call_timeout);
   state.join();
   log->debug("rendezvous '{}': joined round {} as arrival {}", options_.run_id, state.round(),
@@ -140,6 +180,34 @@ RendezvousInfo C10dHandler::next_rendezvous() {
     }
   }
 
+  // The round's workers' store, on group rank 0.
+  const std::string workers_key = "rdzv/" + std::to_string(round->round) + "/workers_store";
+  std::string workers_addr;
+  int workers_port = 0;
+  if (round->group_rank == 0) {
+    workers_addr = options_.advertise_addr.empty()
+                       ? local_address_towards(addr, options_.endpoint_port)
+                       : strip_brackets(options_.advertise_addr);
+    store::ServerOptions so = options_.server;
+    so.host = bind_address_for(workers_addr);  // IoError: not an address of this host
+    so.port = 0;
+    workers_server_.reset();
+    workers_server_ = store::TcpStoreServer::start(so);
+    workers_port = workers_server_->port();
+    job->set(workers_key, nlohmann::json{{"addr", workers_addr}, {"port", workers_port}}.dump());
+  } else {
+    workers_server_.reset();
+    job->wait({workers_key}, options_.read_timeout);  // rank 0 sets it right after the round
+    auto j = nlohmann::json::parse(job->get(workers_key), nullptr, false);
+    if (!j.is_object() || !j.contains("addr") || !j["addr"].is_string() || !j.contains("port") ||
+        !j["port"].is_number_integer()) {
+      throw ProtocolError("unreadable workers' store address at key '" + workers_key + "'");
+    }
+    workers_addr = j["addr"].get<std::string>();
+    workers_port = j["port"].get<int>();
+  }
+  log->debug("round {}: the workers' store is at {}:{}", round->round, workers_addr, workers_port);
+
   const std::string round_prefix = job_prefix + "/r" + std::to_string(round->round);
   RendezvousInfo info;
   info.store = std::make_shared<store::PrefixStore>(round_prefix, conn);
@@ -153,13 +221,17 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   info.group_rank = round->group_rank;
   info.group_world_size = static_cast<int>(round->nodes.size());
   info.nodes = round->nodes;
-  info.master_addr = addr;
-  info.master_port = options_.endpoint_port;
-  if (server_) {
-    store::TcpStoreServer* server = server_.get();
-    std::string keep = info.namespace_prefix;
-    info.clear_worker_keys = [server, keep] { return server->erase_keys_except({keep}); };
+  info.master_addr = workers_addr;
+  info.master_port = workers_port;
+  if (workers_server_) {
+    store::TcpStoreServer* server = workers_server_.get();
+    info.clear_worker_keys = [server] { return server->erase_keys_except({}); };
   }
+  // The endpoint's host leaves last; with no member hosting it (a standalone
+  // store at the endpoint), group rank 0 publishes liveness.
+  const bool any_host = std::any_of(round->nodes.begin(), round->nodes.end(),
+                                    [](const NodeInfo& n) { return n.hosts_endpoint; });
+  info.store_host = any_host ? server_ != nullptr : round->group_rank == 0;
   return info;
 }
 

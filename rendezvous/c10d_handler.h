@@ -14,9 +14,17 @@
 //
 // The agents' keys of a job live under "ctorchrun/<run_id>/" (rendezvous
 // state) and "ctorchrun/<run_id>/r<round>/" (agent/protocol.h's keys for the
-// round's attempts), so several ids share one store. The workers use the
-// endpoint's store too (MASTER_ADDR/MASTER_PORT are the endpoint's); the
-// agent that hosts it erases their keys between attempts.
+// round's attempts), so several ids share one store.
+//
+// The workers' store: each round, the agent of group rank 0 hosts a fresh
+// store on a free port and publishes its address (rdzv/<R>/workers_store);
+// workers reach it as MASTER_ADDR/MASTER_PORT, so they never read another
+// round's or another job's keys, and that agent erases their keys between
+// attempts. The address is advertise_addr (--local_addr) when given, else the
+// local address this host uses to reach the endpoint (never a name).
+// The agent that hosts the endpoint's store is the job's store host (it
+// publishes liveness and leaves last); with a standalone store at the
+// endpoint, group rank 0 is.
 //
 // Waits: connecting to the endpoint and the whole round are bounded by
 // join_timeout; each store request by read_timeout; the wait for the round to
@@ -44,7 +52,8 @@ struct C10dOptions {
   int max_restarts = 0;
   std::string entrypoint;
   int local_world_size = 1;
-  std::string host;  // this node's address as announced to others
+  std::string host;            // this node's name as announced to others
+  std::string advertise_addr;  // where workers reach the workers' store; empty: found
   std::optional<bool> is_host;
   std::chrono::milliseconds join_timeout{600'000};
   std::chrono::milliseconds last_call_timeout{30'000};
@@ -69,7 +78,12 @@ class C10dHandler : public Handler {
   void host_endpoint_if_ours();
 
   C10dOptions options_;
-  std::unique_ptr<store::TcpStoreServer> server_;
+  std::unique_ptr<store::TcpStoreServer> server_;          // the endpoint's store
+  std::unique_ptr<store::TcpStoreServer> workers_server_;  // this round's, on group rank 0
 };
+
+// The local address this host's packets to `host`:`port` leave from (a
+// routing decision, no packet is sent). Throws IoError when none.
+std::string local_address_towards(const std::string& host, int port);
 
 }  // namespace ctorchrun::rendezvous

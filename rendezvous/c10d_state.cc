@@ -65,8 +65,10 @@ void C10dState::join() {
                                 std::to_string(settings_.max_nodes) +
                                 " nodes; this node arrived as number " + std::to_string(index_));
   }
-  nlohmann::json rec = {
-      {"local_world_size", me_.local_world_size}, {"host", me_.host}, {"pid", me_.pid}};
+  nlohmann::json rec = {{"local_world_size", me_.local_world_size},
+                        {"host", me_.host},
+                        {"pid", me_.pid},
+                        {"hosts_endpoint", me_.hosts_endpoint}};
   job_.set(key("node/" + std::to_string(index_ - 1)), rec.dump());
   if (index_ == settings_.max_nodes) {
     job_.compare_set(key("complete"), "", std::to_string(index_));
@@ -131,6 +133,8 @@ C10dRound C10dState::read_round(int members) {
     n.pid = j["pid"].get<int>();
     n.host = j["host"].get<std::string>();
     n.max_restarts = settings_.max_restarts;
+    auto he = j.find("hosts_endpoint");
+    n.hosts_endpoint = he != j.end() && he->is_boolean() && he->get<bool>();
     if (n.local_world_size < 1) {
       throw ProtocolError("node record at key '" + k + "': local_world_size " +
                           std::to_string(n.local_world_size) + " is not positive");

@@ -18,11 +18,14 @@
 //   rdzv/round           ADD counter: the round now forming (absent: 0).
 //   rdzv/<R>/joined      ADD counter: a joining node's result is its arrival
 //                        index i (1-based); its group rank is i-1.
-//   rdzv/<R>/node/<i-1>  the node's record {"local_world_size","host","pid"},
+//   rdzv/<R>/node/<i-1>  the node's record {"local_world_size", "host", "pid",
+//                        "hosts_endpoint"},
 //                        set once by that node right after its ADD.
 //   rdzv/<R>/complete    compare_set once, from "" to the member count C: the
 //                        round is closed to newcomers. Nodes 0..C-1 are its
 //                        members; a node whose index is above C arrived late.
+//   rdzv/<R>/workers_store  {"addr", "port"} of the store group rank 0 hosts
+//                        for the round's workers (set by C10dHandler).
 //
 // Transitions of round R (no wall-clock comparison across hosts: each node
 // times the last call on its own steady clock):

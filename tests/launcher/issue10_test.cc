@@ -104,8 +104,9 @@ TEST_CASE("issue 10: two agents with --nnodes=2 under c10d form one job and fini
   const std::string port = std::to_string(free_port());
   // Each worker leaves its ranks in a file named after its global rank.
   const std::string body =
-      "echo \"$GROUP_RANK $LOCAL_RANK $WORLD_SIZE $GROUP_WORLD_SIZE $MASTER_PORT\" > " + d.path +
-      "/rank_$RANK";
+      "echo \"$GROUP_RANK $LOCAL_RANK $WORLD_SIZE $GROUP_WORLD_SIZE $MASTER_ADDR $MASTER_PORT\" "
+      "> " +
+      d.path + "/rank_$RANK";
   auto agent = [&] {
     return start_ctorchrun(concat(
         {"--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
@@ -119,21 +120,26 @@ TEST_CASE("issue 10: two agents with --nnodes=2 under c10d form one job and fini
   INFO("agent a:\n" << outa << "\nagent b:\n" << outb);
   CHECK(rca == 0);
   CHECK(rcb == 0);
-  std::set<std::string> group_ranks;
+  std::set<std::string> group_ranks, master_ports;
   for (int rank = 0; rank < 4; ++rank) {
     const std::string f = d.file("rank_" + std::to_string(rank));
     REQUIRE(file_exists(f));
     std::istringstream in(read_file(f));
-    std::string group_rank, local_rank, world, group_world, master_port;
-    in >> group_rank >> local_rank >> world >> group_world >> master_port;
+    std::string group_rank, local_rank, world, group_world, master_addr, master_port;
+    in >> group_rank >> local_rank >> world >> group_world >> master_addr >> master_port;
     CHECK(group_rank == std::to_string(rank / 2));
     CHECK(local_rank == std::to_string(rank % 2));
     CHECK(world == "4");
     CHECK(group_world == "2");
-    CHECK(master_port == port);
+    // The workers' store of the round, on group rank 0: not the endpoint's.
+    CHECK(master_addr == "127.0.0.1");
+    CHECK(master_port != port);
+    CHECK_FALSE(master_port.empty());
     group_ranks.insert(group_rank);
+    master_ports.insert(master_port);
   }
   CHECK(group_ranks.size() == 2);
+  CHECK(master_ports.size() == 1);
   // Exactly one of the two agents hosts the endpoint's store.
   CHECK(count_lines_with(outa + outb, "hosting the rendezvous store") == 1);
 }
