@@ -8,6 +8,7 @@
 
 #include "cli/command_line.h"
 #include "tests/launcher/launcher_support.h"
+#include "tests/support/process.h"
 
 using namespace ctorchrun;
 using namespace ctorchrun::testing;
@@ -182,4 +183,49 @@ TEST_CASE(
   CHECK(contains(out2, "--max_restarts: the job's first node has 1, this node"));
   CHECK(contains(out2, "has 2"));
   CHECK(first->exit_code(30s) == 3);  // never completes: bounded by its join_timeout
+}
+
+TEST_CASE(
+    "issue 10: two ids share one standalone ctorch-store at the endpoint, each with its "
+    "own workers' store",
+    "[multiproc]") {
+  Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
+  const int port = wait_for_listening_port(store, 20s);
+  REQUIRE(port > 0);
+  TempDir d;
+  auto agent = [&](const std::string& id) {
+    const std::string body = "echo \"$WORLD_SIZE $MASTER_PORT\" > " + d.path + "/" + id + "_$RANK";
+    return start_ctorchrun(concat(
+        {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+         "--rdzv_id=" + id, "--rdzv_conf=join_timeout=60"},
+        sh(body)));
+  };
+  auto a0 = agent("jobA");
+  auto b0 = agent("jobB");
+  auto a1 = agent("jobA");
+  auto b1 = agent("jobB");
+  std::string out;
+  std::vector<int> codes;
+  for (auto* p : {a0.get(), b0.get(), a1.get(), b1.get()}) {
+    codes.push_back(p->exit_code(60s));
+    out += p->read_all(1s) + "\n----\n";
+  }
+  INFO(out);
+  for (int rc : codes) CHECK(rc == 0);
+  std::map<std::string, std::set<std::string>> ports;
+  for (const std::string id : {"jobA", "jobB"}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string f = d.file(id + "_" + std::to_string(rank));
+      REQUIRE(file_exists(f));
+      std::istringstream in(read_file(f));
+      std::string world, master_port;
+      in >> world >> master_port;
+      CHECK(world == "2");
+      ports[id].insert(master_port);
+    }
+  }
+  CHECK(ports["jobA"].size() == 1);
+  CHECK(ports["jobB"].size() == 1);
+  CHECK(ports["jobA"] != ports["jobB"]);
+  CHECK(count_lines_with(out, "hosting the rendezvous store") == 0);
 }
