@@ -840,12 +840,20 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
 
 RunResult ElasticAgent::Impl::run() {
   host_ = c_.local_addr.empty() ? hostname() : c_.local_addr;
-  log_->info(
-      "starting node_rank={} nnodes={} nproc_per_node={} master={}:{} run_id={} max_restarts={} "
-      "entrypoint={}",
-      c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
-      c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port), c_.run_id,
-      c_.max_restarts, c_.entrypoint_name);
+  if (c_.rdzv_backend == "c10d") {
+    log_->info(
+        "starting rdzv_backend=c10d rdzv_endpoint={}:{} nnodes={}:{} nproc_per_node={} run_id={} "
+        "max_restarts={} entrypoint={}",
+        c_.master_addr, c_.master_port, c_.min_nodes, c_.max_nodes, c_.nproc_per_node, c_.run_id,
+        c_.max_restarts, c_.entrypoint_name);
+  } else {
+    log_->info(
+        "starting node_rank={} nnodes={} nproc_per_node={} master={}:{} run_id={} max_restarts={} "
+        "entrypoint={}",
+        c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
+        c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port),
+        c_.run_id, c_.max_restarts, c_.entrypoint_name);
+  }
   // The boundary of the agent: failures of the world become a RunResult, a
   // bug of ours an InternalError for main (exit 70); no worker outlives either.
   try {

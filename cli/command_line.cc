@@ -514,7 +514,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       }
       for (CLI::Option* o : {node_rank_opt, master_addr_opt, master_port_opt}) {
         if (o->count() > 0) {
-          out.notices.push_back(o->get_name() +
+          auto spelled = args.spelled.find(o->get_name());
+          out.notices.push_back((spelled == args.spelled.end() ? o->get_name() : spelled->second) +
                                 " is ignored under --rdzv_backend=c10d: the rendezvous at "
                                 "--rdzv_endpoint assigns node ranks and the store");
         }

@@ -68,6 +68,13 @@ TEST_CASE("issue 10: --rdzv_backend=c10d takes the endpoint, torchrun's default 
   CHECK(r.config.join_timeout == 5s);
   CHECK(r.config.last_call_timeout == 500ms);
   CHECK(r.config.is_host == true);
+
+  // torchrun's `timeout` is accepted, pointing to join_timeout.
+  r = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "--rdzv_conf=timeout=5", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  REQUIRE(r.warnings.size() == 1);
+  CHECK(contains(r.warnings[0], "join_timeout"));
+  CHECK(r.config.join_timeout == 600s);
 }
 
 TEST_CASE(
@@ -81,6 +88,7 @@ TEST_CASE(
   CHECK(r.config.master_addr == "h");
   CHECK(r.config.master_port == 5);
   REQUIRE(r.notices.size() == 3);
+  CHECK(r.notices[0].rfind("--node_rank is ignored", 0) == 0);  // as the user spelled it
   for (const auto& n : r.notices) {
     CHECK(contains(n, "is ignored under --rdzv_backend=c10d"));
     CHECK_FALSE(contains(n, "\n"));
