@@ -153,31 +153,38 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   me.pid = static_cast<int>(::getpid());
   me.hosts_endpoint = server_ != nullptr;
   C10dState state(*job, settings, me, options_.last_call_timeout);
-  state.join();
-  log->debug("rendezvous '{}': joined round {} as arrival {}", options_.run_id, state.round(),
-             state.arrival_index());
-
   auto next_log = start + options_.wait_log_interval;
   std::optional<C10dRound> round;
-  for (;;) {
-    round = state.poll();
-    if (round) break;
-    if (Clock::now() >= deadline) {
-      throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
-                         seconds(options_.join_timeout) + ": " + state.progress() + " (endpoint " +
-                         endpoint +
-                         "); start the other nodes with the same --rdzv_endpoint and --rdzv_id, "
-                         "or lower --nnodes' minimum");
+  try {
+    state.join();
+    log->debug("rendezvous '{}': joined round {} as arrival {}", options_.run_id, state.round(),
+               state.arrival_index());
+
+    for (;;) {
+      round = state.poll();
+      if (round) break;
+      if (Clock::now() >= deadline) {
+        throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
+                           seconds(options_.join_timeout) + ": " + state.progress() +
+                           " (endpoint " + endpoint +
+                           "); start the other nodes with the same --rdzv_endpoint and --rdzv_id, "
+                           "or lower --nnodes' minimum");
+      }
+      if (Clock::now() >= next_log) {
+        next_log = Clock::now() + options_.wait_log_interval;
+        log->info("rendezvous '{}': waiting for nodes: {}", options_.run_id, state.progress());
+      }
+      try {
+        job->wait({state.wait_key()},
+                  std::clamp(left_until(deadline), milliseconds(1), options_.poll_interval));
+      } catch (const TimeoutError&) {
+      }
     }
-    if (Clock::now() >= next_log) {
-      next_log = Clock::now() + options_.wait_log_interval;
-      log->info("rendezvous '{}': waiting for nodes: {}", options_.run_id, state.progress());
-    }
-    try {
-      job->wait({state.wait_key()},
-                std::clamp(left_until(deadline), milliseconds(1), options_.poll_interval));
-    } catch (const TimeoutError&) {
-    }
+  } catch (const IoError& e) {
+    // The endpoint's store went away while the round formed: a rendezvous
+    // failure (exit 3), not a set-up one.
+    throw Error("lost the rendezvous store at " + endpoint + " while round " +
+                std::to_string(std::max(state.round(), 0)) + " formed: " + e.what());
   }
 
   // The round's workers' store, on group rank 0.

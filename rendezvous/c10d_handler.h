@@ -31,7 +31,8 @@
 // complete is sliced into poll_interval waits on its completion key.
 // Throws as Handler::next_rendezvous: TimeoutError (naming who joined and
 // the endpoint), IoError, ConfigError (settings differ, or a torchrun agent
-// uses this id on the endpoint), RendezvousClosedError (arrived too late).
+// uses this id on the endpoint), RendezvousClosedError (arrived too late),
+// Error (the endpoint's store was lost while the round formed).
 
 #include <chrono>
 #include <memory>
