@@ -53,7 +53,7 @@ std::unique_ptr<store::TcpStore> client(int port) {
 }  // namespace
 
 TEST_CASE(
-    "C10dHandler: of two agents on the endpoint's host exactly one hosts it; group rank 0 "
+    "C10dHandler: of two agents on the endpoint's host exactly one hosts it, group rank 0 "
     "hosts the workers' store",
     "[net]") {
   const int port = free_port();
