@@ -710,6 +710,28 @@ void ElasticAgent::Impl::join() {
                 {"world_size", world_size_},
                 {"master_addr", info_.master_addr},
                 {"master_port", info_.master_port}});
+  if (c_.rdzv_backend == "c10d") {
+    const auto& self = info_.nodes.at(static_cast<size_t>(info_.group_rank));
+    events_.emit("node_joined", 0,
+                 {{"group_rank", info_.group_rank},
+                  {"host", self.host},
+                  {"pid", self.pid},
+                  {"round", info_.round}});
+    nlohmann::json members = nlohmann::json::array();
+    int endpoint_host = -1;
+    for (const auto& n : info_.nodes) {
+      members.push_back({{"group_rank", n.group_rank}, {"host", n.host}, {"pid", n.pid}});
+      if (n.hosts_endpoint) endpoint_host = n.group_rank;
+    }
+    events_.emit("round_complete", 0,
+                 {{"round", info_.round},
+                  {"members", members},
+                  {"world_size", world_size_},
+                  // -1: a standalone store at the endpoint, hosted by no member
+                  {"endpoint_store_node", endpoint_host},
+                  {"workers_store_node", 0},
+                  {"workers_store", info_.master_addr + ":" + std::to_string(info_.master_port)}});
+  }
   make_run_dir();
   MonitorOptions mo = monitor_options(c_);
   mo.node = info_.group_rank;

@@ -225,6 +225,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
                                                 tcp(milliseconds(3'000), milliseconds(3'000)));
   };
   info.namespace_prefix = std::string("/") + StaticHandler::kNamespace + "/";
+  info.round = round->round;
   info.group_rank = round->group_rank;
   info.group_world_size = static_cast<int>(round->nodes.size());
   info.nodes = round->nodes;

@@ -32,6 +32,7 @@ struct RendezvousInfo {
   std::function<std::shared_ptr<store::Store>()> connect;
   // The raw-key prefix of that namespace on the wire ("/ctorchrun/").
   std::string namespace_prefix;
+  int round = 0;  // c10d: the round these members formed (static: 0)
   int group_rank = 0;
   int group_world_size = 0;
   std::vector<NodeInfo> nodes;  // indexed by group rank

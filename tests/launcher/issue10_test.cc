@@ -3,6 +3,7 @@
 // shell workers.
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -116,14 +117,15 @@ TEST_CASE("issue 10: two agents with --nnodes=2 under c10d form one job and fini
       "echo \"$GROUP_RANK $LOCAL_RANK $WORLD_SIZE $GROUP_WORLD_SIZE $MASTER_ADDR $MASTER_PORT\" "
       "> " +
       d.path + "/rank_$RANK";
-  auto agent = [&] {
-    return start_ctorchrun(concat(
-        {"--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
-         "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=job10", "--rdzv_conf=join_timeout=60"},
-        sh(body)));
+  auto agent = [&](const std::string& name) {
+    return start_ctorchrun(
+        concat({"--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=job10",
+                "--rdzv_conf=join_timeout=60", "--events_file=" + d.file("events_" + name)},
+               sh(body)));
   };
-  auto a = agent();
-  auto b = agent();
+  auto a = agent("a");
+  auto b = agent("b");
   int rca = a->exit_code(60s), rcb = b->exit_code(60s);
   std::string outa = a->read_all(1s), outb = b->read_all(1s);
   INFO("agent a:\n" << outa << "\nagent b:\n" << outb);
@@ -151,6 +153,23 @@ TEST_CASE("issue 10: two agents with --nnodes=2 under c10d form one job and fini
   CHECK(master_ports.size() == 1);
   // Exactly one of the two agents hosts the endpoint's store.
   CHECK(count_lines_with(outa + outb, "hosting the rendezvous store") == 1);
+  // Each agent's events: its own node_joined, and one round_complete naming
+  // both members and the node that hosts the endpoint's store.
+  for (const std::string name : {"a", "b"}) {
+    const std::string events = read_file(d.file("events_" + name));
+    INFO(events);
+    CHECK(count_lines_with(events, "\"event\":\"node_joined\"") == 1);
+    CHECK(count_lines_with(events, "\"event\":\"round_complete\"") == 1);
+    std::istringstream in(events);
+    for (std::string line; std::getline(in, line);) {
+      if (!contains(line, "round_complete")) continue;
+      auto j = nlohmann::json::parse(line);
+      CHECK(j["round"] == 0);
+      CHECK(j["members"].size() == 2);
+      CHECK(j["world_size"] == 4);
+      CHECK((j["endpoint_store_node"] == 0 || j["endpoint_store_node"] == 1));
+    }
+  }
 }
 
 TEST_CASE(
