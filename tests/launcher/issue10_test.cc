@@ -256,3 +256,45 @@ TEST_CASE(
   CHECK(ports["jobA"] != ports["jobB"]);
   CHECK(count_lines_with(out, "hosting the rendezvous store") == 0);
 }
+
+TEST_CASE("issue 10: three agents with --nnodes=1:3 and different --nproc_per_node complete at MAX",
+          "[multiproc]") {
+  TempDir d;
+  const std::string port = std::to_string(free_port());
+  const std::string body =
+      "echo \"$WORLD_SIZE $GROUP_RANK $LOCAL_WORLD_SIZE\" > " + d.path + "/rank_$RANK";
+  // last_call_timeout is long: only reaching MAX completes the round early.
+  auto agent = [&](int nproc) {
+    return start_ctorchrun(
+        concat({"--nnodes=1:3", "--nproc_per_node=" + std::to_string(nproc), "--rdzv_backend=c10d",
+                "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=three",
+                "--rdzv_conf=join_timeout=60,last_call_timeout=60"},
+               sh(body)));
+  };
+  auto a = agent(1);
+  auto b = agent(2);
+  auto c = agent(3);
+  std::string out;
+  std::vector<int> codes;
+  for (auto* p : {a.get(), b.get(), c.get()}) {
+    codes.push_back(p->exit_code(50s));
+    out += p->read_all(1s) + "\n----\n";
+  }
+  INFO(out);
+  for (int rc : codes) CHECK(rc == 0);
+  // Global ranks follow the nodes' sizes in group-rank order: 6 workers.
+  std::map<int, int> workers_per_node, local_world_of;
+  for (int rank = 0; rank < 6; ++rank) {
+    const std::string f = d.file("rank_" + std::to_string(rank));
+    REQUIRE(file_exists(f));
+    std::istringstream in(read_file(f));
+    int world = 0, group_rank = -1, local_world = 0;
+    in >> world >> group_rank >> local_world;
+    CHECK(world == 6);
+    ++workers_per_node[group_rank];
+    local_world_of[group_rank] = local_world;
+  }
+  REQUIRE(workers_per_node.size() == 3);
+  for (auto [node, n] : workers_per_node) CHECK(n == local_world_of[node]);
+  CHECK_FALSE(file_exists(d.file("rank_6")));
+}
