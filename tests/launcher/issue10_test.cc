@@ -298,3 +298,36 @@ TEST_CASE("issue 10: three agents with --nnodes=1:3 and different --nproc_per_no
   for (auto [node, n] : workers_per_node) CHECK(n == local_world_of[node]);
   CHECK_FALSE(file_exists(d.file("rank_6")));
 }
+
+TEST_CASE("issue 10: the DDP example on two c10d agents ends with the static backend's digest",
+          "[torch]") {
+  const std::string example = CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py";
+  TempDir d;
+  auto run_pair = [&](const std::vector<std::string>& first, const std::vector<std::string>& second,
+                      const std::string& workdir) {
+    auto tail = std::vector<std::string>{example, "--workdir", workdir, "--epochs", "2"};
+    auto a = start_ctorchrun(concat(first, tail));
+    auto b = start_ctorchrun(concat(second, tail));
+    int rca = a->exit_code(150s), rcb = b->exit_code(150s);
+    std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
+    INFO(out);
+    CHECK(rca == 0);
+    CHECK(rcb == 0);
+    return read_file(workdir + "/result.json");
+  };
+  const std::string sp = std::to_string(free_port());
+  const std::string static_result =
+      run_pair({"--nnodes=2", "--node_rank=0", "--master_port=" + sp},
+               {"--nnodes=2", "--node_rank=1", "--master_port=" + sp}, d.file("static"));
+  const std::vector<std::string> c10d = {"--nnodes=2", "--rdzv_backend=c10d",
+                                         "--rdzv_endpoint=127.0.0.1:" + std::to_string(free_port()),
+                                         "--rdzv_id=ddp"};
+  const std::string c10d_result = run_pair(c10d, c10d, d.file("c10d"));
+  auto digest = [](const std::string& json) {
+    auto j = nlohmann::json::parse(json, nullptr, false);
+    return j.is_object() && j.contains("digest") ? j["digest"].dump() : std::string();
+  };
+  INFO("static: " << static_result << "\nc10d: " << c10d_result);
+  REQUIRE_FALSE(digest(static_result).empty());
+  CHECK(digest(static_result) == digest(c10d_result));
+}
