@@ -204,7 +204,13 @@ RendezvousInfo C10dHandler::next_rendezvous() {
     job->set(workers_key, nlohmann::json{{"addr", workers_addr}, {"port", workers_port}}.dump());
   } else {
     workers_server_.reset();
-    job->wait({workers_key}, options_.read_timeout);  // rank 0 sets it right after the round
+    try {
+      job->wait({workers_key}, options_.read_timeout);  // rank 0 sets it right after the round
+    } catch (const IoError& e) {
+      throw Error("lost the rendezvous store at " + endpoint +
+                  " while waiting for the workers' store of round " + std::to_string(round->round) +
+                  ": " + e.what());
+    }
     auto j = nlohmann::json::parse(job->get(workers_key), nullptr, false);
     if (!j.is_object() || !j.contains("addr") || !j["addr"].is_string() || !j.contains("port") ||
         !j["port"].is_number_integer()) {
