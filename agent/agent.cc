@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "rendezvous/c10d_handler.h"
 #include "rendezvous/static_handler.h"
 #include "worker/console.h"
 
@@ -512,7 +513,7 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
   if (join_set(keys::stopped(attempt))) info_.store->set(keys::all_stopped(attempt), "1");
   if (final) {
     // The host keeps the store up until every node has read the failure.
-    if (info_.clear_worker_keys) {
+    if (info_.store_host.value_or(static_cast<bool>(info_.clear_worker_keys))) {
       auto deadline = Clock::now() + 10s;
       while (Clock::now() < deadline) {
         try {
@@ -604,7 +605,10 @@ void ElasticAgent::Impl::leave_last() {
   // The store host leaves last: every other node reads its outcome from the
   // store. Live nodes leave within moments; dead ones are not waited for,
   // nodes of unknown liveness for at most the exit barrier timeout.
-  if (!info_.clear_worker_keys || info_.group_world_size == 1) return;
+  if (!info_.store_host.value_or(static_cast<bool>(info_.clear_worker_keys)) ||
+      info_.group_world_size == 1) {
+    return;
+  }
   auto deadline = Clock::now() + c_.exit_barrier_timeout;
   for (;;) {
     auto staying = others_except(monitor_->departed_nodes(), monitor_->dead_nodes());
@@ -706,11 +710,33 @@ void ElasticAgent::Impl::join() {
                 {"world_size", world_size_},
                 {"master_addr", info_.master_addr},
                 {"master_port", info_.master_port}});
+  if (c_.rdzv_backend == "c10d") {
+    const auto& self = info_.nodes.at(static_cast<size_t>(info_.group_rank));
+    events_.emit("node_joined", 0,
+                 {{"group_rank", info_.group_rank},
+                  {"host", self.host},
+                  {"pid", self.pid},
+                  {"round", info_.round}});
+    nlohmann::json members = nlohmann::json::array();
+    int endpoint_host = -1;
+    for (const auto& n : info_.nodes) {
+      members.push_back({{"group_rank", n.group_rank}, {"host", n.host}, {"pid", n.pid}});
+      if (n.hosts_endpoint) endpoint_host = n.group_rank;
+    }
+    events_.emit("round_complete", 0,
+                 {{"round", info_.round},
+                  {"members", members},
+                  {"world_size", world_size_},
+                  // -1: a standalone store at the endpoint, hosted by no member
+                  {"endpoint_store_node", endpoint_host},
+                  {"workers_store_node", 0},
+                  {"workers_store", info_.master_addr + ":" + std::to_string(info_.master_port)}});
+  }
   make_run_dir();
   MonitorOptions mo = monitor_options(c_);
   mo.node = info_.group_rank;
   mo.nnodes = info_.group_world_size;
-  mo.hosts_store = static_cast<bool>(info_.clear_worker_keys);
+  mo.hosts_store = info_.store_host.value_or(static_cast<bool>(info_.clear_worker_keys));
   monitor_window_ = mo.liveness_window();
   monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
 }
@@ -836,12 +862,20 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
 
 RunResult ElasticAgent::Impl::run() {
   host_ = c_.local_addr.empty() ? hostname() : c_.local_addr;
-  log_->info(
-      "starting node_rank={} nnodes={} nproc_per_node={} master={}:{} run_id={} max_restarts={} "
-      "entrypoint={}",
-      c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
-      c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port), c_.run_id,
-      c_.max_restarts, c_.entrypoint_name);
+  if (c_.rdzv_backend == "c10d") {
+    log_->info(
+        "starting rdzv_backend=c10d rdzv_endpoint={}:{} nnodes={}:{} nproc_per_node={} run_id={} "
+        "max_restarts={} entrypoint={}",
+        c_.master_addr, c_.master_port, c_.min_nodes, c_.max_nodes, c_.nproc_per_node, c_.run_id,
+        c_.max_restarts, c_.entrypoint_name);
+  } else {
+    log_->info(
+        "starting node_rank={} nnodes={} nproc_per_node={} master={}:{} run_id={} max_restarts={} "
+        "entrypoint={}",
+        c_.node_rank, c_.nnodes(), c_.nproc_per_node, c_.master_addr,
+        c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port),
+        c_.run_id, c_.max_restarts, c_.entrypoint_name);
+  }
   // The boundary of the agent: failures of the world become a RunResult, a
   // bug of ours an InternalError for main (exit 70); no worker outlives either.
   try {
@@ -911,9 +945,30 @@ RunResult run(const LaunchConfig& config) {
   limits.max_keys_per_op = config.store_max_keys_per_op.value_or(limits.max_keys_per_op);
   limits.max_request_bytes = config.store_max_request_bytes.value_or(limits.max_request_bytes);
   so.server.max_connections = config.store_max_connections.value_or(so.server.max_connections);
-  rendezvous::StaticHandler rdzv(so);
+  std::unique_ptr<rendezvous::Handler> rdzv;
+  if (config.rdzv_backend == "c10d") {
+    rendezvous::C10dOptions co;
+    co.endpoint_host = config.master_addr;  // the command line put --rdzv_endpoint there
+    co.endpoint_port = config.master_port;
+    co.run_id = config.run_id;
+    co.min_nodes = config.min_nodes;
+    co.max_nodes = config.max_nodes;
+    co.max_restarts = config.max_restarts;
+    co.entrypoint = config.entrypoint_name;
+    co.local_world_size = config.nproc_per_node;
+    co.host = so.host;
+    co.advertise_addr = config.local_addr;
+    co.is_host = config.is_host;
+    co.join_timeout = config.join_timeout;
+    co.last_call_timeout = config.last_call_timeout;
+    co.read_timeout = config.read_timeout;
+    co.server = so.server;
+    rdzv = std::make_unique<rendezvous::C10dHandler>(co);
+  } else {
+    rdzv = std::make_unique<rendezvous::StaticHandler>(so);
+  }
   auto launcher = worker::make_process_launcher();
-  ElasticAgent agent(config, rdzv, *launcher, *events);
+  ElasticAgent agent(config, *rdzv, *launcher, *events);
   set_signal_relay(&agent);  // cleared by ~ElasticAgent on every path
   return agent.run();
 }

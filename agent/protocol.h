@@ -9,6 +9,13 @@
 //   /ctorchrun/<run_id>/<key>   the job's agents (the keys below)
 // Workers' keys (torch's "/worker/attempt_<k>/", "/default_pg/", ...) live
 // outside "/ctorchrun/" and are erased by the store host between attempts.
+// Under --rdzv_backend=c10d the endpoint's store holds, per run id,
+//   /ctorchrun/<run_id>/rdzv/...        the rendezvous (rendezvous/c10d_state.h)
+//   /ctorchrun/<run_id>/r<round>/<key>  the keys below, for that round
+// and the workers use a store of their own that group rank 0 hosts each round
+// (it erases their keys between attempts). The "store host" below is then
+// the agent that hosts the endpoint's store (group rank 0 when a standalone
+// store serves the endpoint): it publishes liveness and leaves last.
 //
 // Admission (rendezvous/static_handler.cc), before any worker starts:
 //   ctorchrun/job          set by node 0 before any node may announce itself:

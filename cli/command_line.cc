@@ -363,12 +363,14 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   opt("--nproc-per-node,--nproc_per_node", nproc, "PET_NPROC_PER_NODE",
       "workers per node: N, cpu (one per CPU), gpu (one per GPU), auto (gpu if any, else cpu)")
       ->check(nproc_validator());
-  opt("--node-rank,--node_rank", node_rank, "PET_NODE_RANK", "rank of this node, 0..nnodes-1")
-      ->check(CLI::Range(0, 1 << 20));
-  opt("--master-addr,--master_addr", master_addr, "PET_MASTER_ADDR",
-      "address of node 0, which hosts the store");
-  opt("--master-port,--master_port", master_port, "PET_MASTER_PORT", "port of the store on node 0")
-      ->check(CLI::Range(1, 65535));
+  CLI::Option* node_rank_opt =
+      opt("--node-rank,--node_rank", node_rank, "PET_NODE_RANK", "rank of this node, 0..nnodes-1")
+          ->check(CLI::Range(0, 1 << 20));
+  CLI::Option* master_addr_opt = opt("--master-addr,--master_addr", master_addr, "PET_MASTER_ADDR",
+                                     "address of node 0, which hosts the store");
+  CLI::Option* master_port_opt = opt("--master-port,--master_port", master_port, "PET_MASTER_PORT",
+                                     "port of the store on node 0")
+                                     ->check(CLI::Range(1, 65535));
   opt("--max-restarts,--max_restarts", max_restarts, "PET_MAX_RESTARTS",
       "job-wide restarts of every worker after a failure (nodes must agree)")
       ->check(CLI::Range(0, 1 << 30));
@@ -376,7 +378,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "accepted for torchrun compatibility; exits are noticed as they happen")
       ->check(seconds_validator());
   opt("--rdzv-backend,--rdzv_backend", rdzv_backend, "PET_RDZV_BACKEND",
-      "rendezvous backend: static");
+      "rendezvous backend: static, or c10d (--rdzv_endpoint's store assigns the node ranks)");
   CLI::Option* endpoint_opt =
       opt("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint, "PET_RDZV_ENDPOINT",
           "HOST[:PORT] of the rendezvous store (static: defaults to master_addr:master_port)");
@@ -503,8 +505,29 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       c.master_addr = "127.0.0.1";
       c.master_port = 0;
       c.run_id = "standalone_" + random_suffix();
+    } else if (c.rdzv_backend == "c10d") {
+      // torchrun's dynamic rendezvous: the endpoint's store assigns the ranks.
+      if (rdzv_endpoint.empty()) {
+        throw UsageError(
+            "--rdzv_backend=c10d needs --rdzv_endpoint=HOST[:PORT] (the same on "
+            "every node), or --standalone for one node");
+      }
+      for (CLI::Option* o : {node_rank_opt, master_addr_opt, master_port_opt}) {
+        if (o->count() > 0) {
+          auto spelled = args.spelled.find(o->get_name());
+          out.notices.push_back((spelled == args.spelled.end() ? o->get_name() : spelled->second) +
+                                " is ignored under --rdzv_backend=c10d: the rendezvous at "
+                                "--rdzv_endpoint assigns node ranks and the store");
+        }
+      }
+      c.node_rank = 0;
+      c.master_addr.clear();
+      c.master_port = 29400;  // torchrun's default port of a c10d endpoint
+      split_endpoint(rdzv_endpoint, &c.master_addr, &c.master_port);
+      if (c.master_addr.empty())
+        throw UsageError("--rdzv_endpoint: '" + rdzv_endpoint + "' has no host");
     } else {
-      if (c.rdzv_backend == "c10d" || c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
+      if (c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
         throw UsageError("--rdzv_backend=" + c.rdzv_backend +
                          " is not supported yet; use the static backend (--nnodes=N "
                          "--node_rank=R --master_addr=HOST --master_port=PORT)");
@@ -514,8 +537,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       }
       if (c.min_nodes != c.max_nodes) {
         throw UsageError("--nnodes=" + nnodes +
-                         ": a range of nodes needs dynamic rendezvous (c10d), which is not "
-                         "supported yet; give a fixed --nnodes=N");
+                         ": a range of nodes needs dynamic rendezvous: --rdzv_backend=c10d "
+                         "--rdzv_endpoint=HOST[:PORT]");
       }
       split_endpoint(rdzv_endpoint, &c.master_addr, &c.master_port);
       if (c.node_rank >= c.max_nodes) {

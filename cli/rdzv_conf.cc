@@ -213,7 +213,11 @@ void apply_rdzv_conf(const std::string& text, const std::string& backend,
     }
     k->apply(*config, v);
     if (key == "node_timeout") node_timeout_given = true;
-    if (!backend_reads(*k, backend)) {
+    if (key == "timeout" && backend == "c10d") {
+      warnings->push_back(
+          "--rdzv_conf: key 'timeout' is the static backend's; under c10d, join_timeout says how "
+          "long a node waits for a round to include it; ignored");
+    } else if (!backend_reads(*k, backend)) {
       warnings->push_back("--rdzv_conf: key '" + key + "' is read by the " + k->backends +
                           " backend, not by " + backend + "; ignored");
     }

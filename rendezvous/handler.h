@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ struct NodeInfo {
   int max_restarts = 0;
   std::string host;
   int pid = 0;
+  bool hosts_endpoint = false;  // c10d: this node's agent hosts the endpoint's store
 };
 
 struct RendezvousInfo {
@@ -30,6 +32,7 @@ struct RendezvousInfo {
   std::function<std::shared_ptr<store::Store>()> connect;
   // The raw-key prefix of that namespace on the wire ("/ctorchrun/").
   std::string namespace_prefix;
+  int round = 0;  // c10d: the round these members formed (static: 0)
   int group_rank = 0;
   int group_world_size = 0;
   std::vector<NodeInfo> nodes;  // indexed by group rank
@@ -39,6 +42,11 @@ struct RendezvousInfo {
   // On the node that hosts the store: removes every key outside the agents'
   // namespace (what workers wrote) and returns how many. Empty elsewhere.
   std::function<size_t()> clear_worker_keys;
+  // Whether this node publishes the job's liveness and leaves last (agent/
+  // protocol.h's "store host"). Unset: the node with clear_worker_keys. c10d
+  // sets it apart: the endpoint's host leaves last, while group rank 0 hosts
+  // the workers' store.
+  std::optional<bool> store_host;
 };
 
 class Handler {

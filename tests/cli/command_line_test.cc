@@ -119,7 +119,7 @@ TEST_CASE("command line: bad input is one clear line and exit code 2", "[unit]")
   require_usage_error({"--nproc_per_node=2"}, "no training script");
   require_usage_error({"-m", "--no_python", "x"}, "cannot be used together");
   require_usage_error({"--redirects=4", "s.py"}, "--redirects");
-  require_usage_error({"--rdzv_backend=c10d", "--nnodes=1:2", "s.py"}, "not supported yet");
+  require_usage_error({"--rdzv_backend=c10d", "--nnodes=1:2", "s.py"}, "needs --rdzv_endpoint");
   require_usage_error({"--nnodes=1:2", "s.py"}, "dynamic rendezvous");
   require_usage_error({"--rdzv_conf=oops", "s.py"}, "KEY=VALUE");
   require_usage_error({"--signals_to_handle=SIGNOPE", "s.py"}, "SIGNOPE");

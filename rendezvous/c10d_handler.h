@@ -1,0 +1,90 @@
+#pragma once
+
+// C10dHandler: torchrun's `--rdzv_backend=c10d`. Every node is started with
+// the same --rdzv_endpoint=HOST[:PORT] and --rdzv_id; the rendezvous assigns
+// group ranks by arrival (C10dState, rendezvous/c10d_state.h, documents the
+// keys and transitions).
+//
+// The endpoint's store: with is_host unset, an agent whose host owns the
+// endpoint address (rendezvous/static_handler.h's bind_address_for) tries to
+// bind it; when another agent on this host already did, or the address is
+// not this host's, it connects as a client. is_host=1 makes a failed bind an
+// IoError; is_host=0 never binds. A standalone ctorch-store at the endpoint
+// serves as well (every agent is then a client).
+//
+// The agents' keys of a job live under "ctorchrun/<run_id>/" (rendezvous
+// state) and "ctorchrun/<run_id>/r<round>/" (agent/protocol.h's keys for the
+// round's attempts), so several ids share one store.
+//
+// The workers' store: each round, the agent of group rank 0 hosts a fresh
+// store on a free port and publishes its address (rdzv/<R>/workers_store);
+// workers reach it as MASTER_ADDR/MASTER_PORT, so they never read another
+// round's or another job's keys, and that agent erases their keys between
+// attempts. The address is advertise_addr (--local_addr) when given, else the
+// local address this host uses to reach the endpoint (never a name).
+// The agent that hosts the endpoint's store is the job's store host (it
+// publishes liveness and leaves last); with a standalone store at the
+// endpoint, group rank 0 is.
+//
+// Waits: connecting to the endpoint and the whole round are bounded by
+// join_timeout; each store request by read_timeout; the wait for the round to
+// complete is sliced into poll_interval waits on its completion key.
+// Throws as Handler::next_rendezvous: TimeoutError (naming who joined and
+// the endpoint), IoError, ConfigError (settings differ, or a torchrun agent
+// uses this id on the endpoint), RendezvousClosedError (arrived too late),
+// Error (the endpoint's store was lost while the round formed).
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "rendezvous/handler.h"
+#include "store/tcp_store_server.h"
+
+namespace ctorchrun::rendezvous {
+
+struct C10dOptions {
+  std::string endpoint_host = "127.0.0.1";  // brackets of an IPv6 literal allowed
+  int endpoint_port = 29400;
+  std::string run_id = "none";
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int max_restarts = 0;
+  std::string entrypoint;
+  int local_world_size = 1;
+  std::string host;            // this node's name as announced to others
+  std::string advertise_addr;  // where workers reach the workers' store; empty: found
+  std::optional<bool> is_host;
+  std::chrono::milliseconds join_timeout{600'000};
+  std::chrono::milliseconds last_call_timeout{30'000};
+  std::chrono::milliseconds read_timeout{60'000};
+  std::chrono::milliseconds poll_interval{100};
+  std::chrono::milliseconds wait_log_interval{30'000};
+  store::ServerOptions server;  // limits of the hosted store (host, port set here)
+};
+
+class C10dHandler : public Handler {
+ public:
+  explicit C10dHandler(C10dOptions options);
+  ~C10dHandler() override;
+
+  RendezvousInfo next_rendezvous() override;
+  const std::string& run_id() const override { return options_.run_id; }
+
+  // True when this agent hosts the endpoint's store (after next_rendezvous).
+  bool hosts_endpoint() const { return server_ != nullptr; }
+
+ private:
+  void host_endpoint_if_ours();
+
+  C10dOptions options_;
+  std::unique_ptr<store::TcpStoreServer> server_;          // the endpoint's store
+  std::unique_ptr<store::TcpStoreServer> workers_server_;  // this round's, on group rank 0
+};
+
+// The local address this host's packets to `host`:`port` leave from (a
+// routing decision, no packet is sent). Throws IoError when none.
+std::string local_address_towards(const std::string& host, int port);
+
+}  // namespace ctorchrun::rendezvous
