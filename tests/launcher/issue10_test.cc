@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli/command_line.h"
+#include "tests/cli/parse_support.h"
 #include "tests/launcher/launcher_support.h"
 #include "tests/support/process.h"
 
@@ -17,23 +18,6 @@ using namespace std::chrono_literals;
 using cli::ParseOutcome;
 
 namespace {
-
-ParseOutcome parse(std::vector<std::string> args) {
-  args.insert(args.begin(), "ctorchrun");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  std::map<std::string, std::string> env{{"CTORCHRUN_PYTHON", "/usr/bin/python3"}};
-  return cli::parse_command_line(static_cast<int>(argv.size()), argv.data(), env);
-}
-
-std::vector<std::string> sh(const std::string& body) {
-  return {"--no_python", "/bin/sh", "-c", body};
-}
-
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
