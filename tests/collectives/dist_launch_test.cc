@@ -90,6 +90,7 @@ void peer_failure(const std::string& how, int timeout_ms, long bound_ms) {
                                            {"TORCHELASTIC_RESTART_COUNT", "0"}}));
   }
   const std::regex failed("survivor (\\d) failed after (\\d+) ms: (.*)");
+  int timed_out = 0;
   for (int r : {0, 2}) {
     std::string out = ranks[r]->read_all(seconds(60));
     INFO("rank " << r << ": " << out);
@@ -97,9 +98,12 @@ void peer_failure(const std::string& how, int timeout_ms, long bound_ms) {
     REQUIRE(std::regex_search(out, m, failed));
     CHECK(std::stol(m[2]) <= bound_ms);
     CHECK_THAT(m[3].str(), Catch::Contains("all_reduce of 1048576 float32"));
-    if (how == "stop") CHECK_THAT(m[3].str(), Catch::Contains("timed out after"));
+    // A frozen peer: the first survivor to time out exits, so the other may
+    // see its connection close just before its own timer fires.
+    if (m[3].str().find("timed out after") != std::string::npos) ++timed_out;
     CHECK(ranks[r]->exit_code(seconds(10)) == 7);
   }
+  if (how == "stop") CHECK(timed_out >= 1);
   ranks[1]->signal(SIGKILL);
 }
 
