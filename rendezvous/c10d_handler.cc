@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/deadline.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/c10d_state.h"
@@ -17,22 +18,8 @@
 
 namespace ctorchrun::rendezvous {
 
-namespace {
-
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-std::string seconds(milliseconds d) {
-  auto ms = d.count();
-  return ms >= 1000 ? std::to_string((ms + 500) / 1000) + "s" : std::to_string(ms) + "ms";
-}
-
-milliseconds left_until(Clock::time_point deadline) {
-  return std::max(milliseconds(0),
-                  std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
-}
-
-}  // namespace
 
 std::string local_address_towards(const std::string& host, int port) {
   addrinfo hints{};
@@ -126,7 +113,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
     } catch (const TimeoutError& e) {
       if (Clock::now() >= deadline) {
         throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
-                           seconds(options_.join_timeout) + ": cannot reach the endpoint " +
+                           format_duration(options_.join_timeout) + ": cannot reach the endpoint " +
                            endpoint + "; check --rdzv_endpoint and that its host runs (" +
                            e.what() + ")");
       }
@@ -165,7 +152,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
       if (round) break;
       if (Clock::now() >= deadline) {
         throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
-                           seconds(options_.join_timeout) + ": " + state.progress() +
+                           format_duration(options_.join_timeout) + ": " + state.progress() +
                            " (endpoint " + endpoint +
                            "); start the other nodes with the same --rdzv_endpoint and --rdzv_id, "
                            "or lower --nnodes' minimum");

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/deadline.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "store/prefix_store.h"
@@ -30,16 +31,6 @@ constexpr const char* kFormedKey = "formed";  // every node has announced itself
 // Keys of the job's namespace ("ctorchrun/<run_id>/").
 constexpr const char* kRefusedKey = "refused";  // why a node of this job refused it
 std::string node_key(int rank) { return "nodes/" + std::to_string(rank); }
-
-std::string seconds(milliseconds d) {
-  auto ms = d.count();
-  return ms >= 1000 ? std::to_string((ms + 500) / 1000) + "s" : std::to_string(ms) + "ms";
-}
-
-milliseconds left_until(Clock::time_point deadline) {
-  return std::max(milliseconds(0),
-                  std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
-}
 
 bool is_loopback(const sockaddr* sa) {
   if (sa->sa_family == AF_INET) {
@@ -199,7 +190,7 @@ void StaticHandler::await_nodes(store::Store& job, const std::vector<std::string
     if (job.check({kRefusedKey})) throw ConfigError(job.get(kRefusedKey));
     if (Clock::now() >= deadline) {
       throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
-                         seconds(options_.timeout) + ": " + missing() +
+                         format_duration(options_.timeout) + ": " + missing() +
                          "; start every node with the same --nnodes, --master_addr and "
                          "--master_port");
     }
@@ -263,7 +254,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
       if (Clock::now() >= deadline) {
         throw TimeoutError("rendezvous '" + options_.run_id +
                            "' failed: cannot reach the store of node 0 at " + endpoint +
-                           " within " + seconds(options_.timeout) +
+                           " within " + format_duration(options_.timeout) +
                            "; check that node 0 runs and that --master_addr/--master_port "
                            "point to it (" +
                            e.what() + ")");
@@ -271,8 +262,8 @@ RendezvousInfo StaticHandler::next_rendezvous() {
       if (Clock::now() >= next_log) {
         next_log = Clock::now() + options_.wait_log_interval;
         log->info("rendezvous '{}': waiting for node 0's store at {} ({} of {} left): {}",
-                  options_.run_id, endpoint, seconds(left_until(deadline)),
-                  seconds(options_.timeout), e.what());
+                  options_.run_id, endpoint, format_duration(left_until(deadline)),
+                  format_duration(options_.timeout), e.what());
       } else {
         // The client gives up early when its backoff outlasts the slice.
         std::this_thread::sleep_for(std::min(left_until(deadline), milliseconds(20)));
@@ -298,7 +289,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
       }
       if (Clock::now() >= deadline) {
         throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
-                           seconds(options_.timeout) + ": the store at " + endpoint +
+                           format_duration(options_.timeout) + ": the store at " + endpoint +
                            " never said which job it serves; is it node 0 of a ctorchrun job?");
       }
       log->info("rendezvous '{}': waiting for node 0 at {} to publish the job's settings",
