@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/c10d_state.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/static_handler.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
@@ -91,37 +92,22 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   const auto start = Clock::now();
   const auto deadline = start + options_.join_timeout;
   const std::string addr = strip_brackets(options_.endpoint_host);
-  const std::string endpoint = (addr.find(':') != std::string::npos ? "[" + addr + "]" : addr) +
-                               ":" + std::to_string(options_.endpoint_port);
+  const std::string endpoint = format_endpoint(addr, options_.endpoint_port);
   host_endpoint_if_ours();
 
-  auto tcp = [addr, port = options_.endpoint_port](milliseconds connect_timeout,
-                                                   milliseconds op_timeout) {
-    store::TcpStoreOptions o;
-    o.host = addr;
-    o.port = static_cast<uint16_t>(port);
-    o.connect_timeout = connect_timeout;
-    o.timeout = op_timeout;
-    return std::make_shared<store::TcpStore>(o);
+  ConnectRetry retry;
+  retry.deadline = deadline;
+  retry.wait_log_interval = options_.wait_log_interval;
+  retry.op_timeout = options_.read_timeout;
+  retry.on_wait = [&](const std::string& why) {
+    log->info("rendezvous '{}': waiting for the endpoint {}: {}", options_.run_id, endpoint, why);
   };
-  std::shared_ptr<store::TcpStore> conn;
-  for (;;) {
-    try {
-      conn = tcp(std::clamp(left_until(deadline), milliseconds(1), options_.wait_log_interval),
-                 options_.read_timeout);
-      break;
-    } catch (const TimeoutError& e) {
-      if (Clock::now() >= deadline) {
-        throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
-                           format_duration(options_.join_timeout) + ": cannot reach the endpoint " +
-                           endpoint + "; check --rdzv_endpoint and that its host runs (" +
-                           e.what() + ")");
-      }
-      log->info("rendezvous '{}': waiting for the endpoint {}: {}", options_.run_id, endpoint,
-                e.what());
-      std::this_thread::sleep_for(std::min(left_until(deadline), milliseconds(20)));
-    }
-  }
+  retry.timeout_message = [&](const std::string& why) {
+    return "rendezvous '" + options_.run_id + "' timed out after " +
+           format_duration(options_.join_timeout) + ": cannot reach the endpoint " + endpoint +
+           "; check --rdzv_endpoint and that its host runs (" + why + ")";
+  };
+  std::shared_ptr<store::TcpStore> conn = connect_until(addr, options_.endpoint_port, retry);
   // torchrun's c10d agents keep one blob under this key of the same store.
   if (conn->check({"torch.rendezvous." + options_.run_id})) {
     throw ConfigError("the endpoint " + endpoint + " holds torchrun's rendezvous for id '" +
@@ -213,9 +199,9 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   info.store = std::make_shared<store::PrefixStore>(round_prefix, conn);
   // Background connections make only quick calls: a frozen store shows as a
   // timeout within seconds.
-  info.connect = [tcp, round_prefix] {
-    return std::make_shared<store::PrefixStore>(round_prefix,
-                                                tcp(milliseconds(3'000), milliseconds(3'000)));
+  info.connect = [addr, port = options_.endpoint_port, round_prefix] {
+    return std::make_shared<store::PrefixStore>(
+        round_prefix, tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000)));
   };
   info.namespace_prefix = std::string("/") + StaticHandler::kNamespace + "/";
   info.round = round->round;

@@ -14,6 +14,7 @@
 #include "common/deadline.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "rendezvous/endpoint.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
@@ -207,11 +208,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   const auto deadline = start + options_.timeout;
   const std::string addr = strip_brackets(options_.master_addr);
   int port = options_.master_port;
-  auto endpoint_of = [&](int p) {
-    return (addr.find(':') != std::string::npos ? "[" + addr + "]" : addr) + ":" +
-           std::to_string(p);
-  };
-  std::string endpoint = endpoint_of(port);
+  std::string endpoint = format_endpoint(addr, port);
 
   if (options_.node_rank == 0 && !server_) {
     store::ServerOptions so = options_.server;
@@ -219,57 +216,37 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     so.port = static_cast<uint16_t>(options_.master_port);
     server_ = store::TcpStoreServer::start(so);  // IoError names the port
     port = server_->port();
-    endpoint = endpoint_of(port);
+    endpoint = format_endpoint(addr, port);
     log->debug("hosting the job's store on {} port {}", so.host, port);
   } else if (server_) {
     port = server_->port();
-    endpoint = endpoint_of(port);
+    endpoint = format_endpoint(addr, port);
   }
 
   const std::string prefix = std::string(kNamespace) + "/" + options_.run_id;
-  auto tcp = [addr, port](milliseconds connect_timeout, milliseconds op_timeout) {
-    store::TcpStoreOptions o;
-    o.host = addr;
-    o.port = static_cast<uint16_t>(port);
-    o.connect_timeout = connect_timeout;
-    o.timeout = op_timeout;
-    return std::make_shared<store::TcpStore>(o);
-  };
   // Each store call of the agents is short; long waits pass their own timeout.
-  auto connect = [tcp, prefix](milliseconds connect_timeout, milliseconds op_timeout) {
-    return std::make_shared<store::PrefixStore>(prefix, tcp(connect_timeout, op_timeout));
+  auto connect = [addr, port, prefix](milliseconds connect_timeout, milliseconds op_timeout) {
+    return std::make_shared<store::PrefixStore>(
+        prefix, tcp_client(addr, port, connect_timeout, op_timeout));
   };
 
   // Reach node 0's store, as torch's client does: retry an address that does
   // not resolve or answer until the rendezvous timeout, saying what we wait for.
-  std::shared_ptr<store::TcpStore> conn;
-  auto next_log = start + options_.wait_log_interval;
-  for (;;) {
-    auto slice = std::clamp(left_until(std::min(deadline, next_log)), milliseconds(1),
-                            options_.wait_log_interval);
-    try {
-      conn = tcp(slice, milliseconds(30'000));
-      break;
-    } catch (const TimeoutError& e) {
-      if (Clock::now() >= deadline) {
-        throw TimeoutError("rendezvous '" + options_.run_id +
-                           "' failed: cannot reach the store of node 0 at " + endpoint +
-                           " within " + format_duration(options_.timeout) +
-                           "; check that node 0 runs and that --master_addr/--master_port "
-                           "point to it (" +
-                           e.what() + ")");
-      }
-      if (Clock::now() >= next_log) {
-        next_log = Clock::now() + options_.wait_log_interval;
-        log->info("rendezvous '{}': waiting for node 0's store at {} ({} of {} left): {}",
-                  options_.run_id, endpoint, format_duration(left_until(deadline)),
-                  format_duration(options_.timeout), e.what());
-      } else {
-        // The client gives up early when its backoff outlasts the slice.
-        std::this_thread::sleep_for(std::min(left_until(deadline), milliseconds(20)));
-      }
-    }
-  }
+  ConnectRetry retry;
+  retry.deadline = deadline;
+  retry.wait_log_interval = options_.wait_log_interval;
+  retry.on_wait = [&](const std::string& why) {
+    log->info("rendezvous '{}': waiting for node 0's store at {} ({} of {} left): {}",
+              options_.run_id, endpoint, format_duration(left_until(deadline)),
+              format_duration(options_.timeout), why);
+  };
+  retry.timeout_message = [&](const std::string& why) {
+    return "rendezvous '" + options_.run_id + "' failed: cannot reach the store of node 0 at " +
+           endpoint + " within " + format_duration(options_.timeout) +
+           "; check that node 0 runs and that --master_addr/--master_port point to it (" + why +
+           ")";
+  };
+  std::shared_ptr<store::TcpStore> conn = connect_until(addr, port, retry);
   auto root = std::make_shared<store::PrefixStore>(kNamespace, conn);
   auto store = std::make_shared<store::PrefixStore>(prefix, conn);
 

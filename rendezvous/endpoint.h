@@ -1,0 +1,39 @@
+#pragma once
+// Reaching a rendezvous store at HOST:PORT, shared by the handlers: the
+// endpoint as people read it, and a connect that retries until a deadline, as
+// torch's client does for an address that does not resolve or answer yet.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "store/tcp_store.h"
+
+namespace ctorchrun::rendezvous {
+
+// "host:port", or "[addr]:port" for an IPv6 literal given without brackets.
+std::string format_endpoint(const std::string& addr, int port);
+
+// A client of the store at addr:port (addr without brackets).
+std::shared_ptr<store::TcpStore> tcp_client(const std::string& addr, int port,
+                                            std::chrono::milliseconds connect_timeout,
+                                            std::chrono::milliseconds op_timeout);
+
+struct ConnectRetry {
+  std::chrono::steady_clock::time_point deadline;
+  std::chrono::milliseconds wait_log_interval{30'000};
+  std::chrono::milliseconds op_timeout{30'000};  // of each call on the client returned
+  // Called at most once per wait_log_interval while the store cannot be
+  // reached, with the client's reason.
+  std::function<void(const std::string& why)> on_wait;
+  // The TimeoutError's message once the deadline passed, from the last reason.
+  std::function<std::string(const std::string& why)> timeout_message;
+};
+
+// Connects to addr:port, retrying until retry.deadline; throws TimeoutError
+// with retry.timeout_message then.
+std::shared_ptr<store::TcpStore> connect_until(const std::string& addr, int port,
+                                               const ConnectRetry& retry);
+
+}  // namespace ctorchrun::rendezvous
