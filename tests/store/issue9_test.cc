@@ -24,6 +24,7 @@
 #include "store/protocol.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
+#include "tests/store/local_server.h"
 #include "tests/store/wire_bytes.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_client.h"
@@ -36,12 +37,6 @@ using protocol::Dialect;
 using protocol::Op;
 
 namespace {
-
-std::unique_ptr<TcpStoreServer> local_server(ServerOptions o = {}) {
-  o.host = "127.0.0.1";
-  o.port = 0;
-  return TcpStoreServer::start(o);
-}
 
 std::string i64(int64_t v) { return wire::u64(static_cast<uint64_t>(v)); }
 const std::string kStop(1, '\0');

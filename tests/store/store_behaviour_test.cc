@@ -9,21 +9,16 @@
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
+#include "tests/store/local_server.h"
 #include "tests/store/store_suite.h"
 #include "tests/support/process.h"
 
 using namespace ctorchrun;
 using namespace ctorchrun::store;
+using ctorchrun::testing::local_server;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::unique_ptr<TcpStoreServer> local_server() {
-  ServerOptions o;
-  o.host = "127.0.0.1";
-  o.port = 0;
-  return TcpStoreServer::start(o);
-}
 
 testing::StoreFactory tcp_clients(uint16_t port, ClientDialect dialect) {
   return [port, dialect] {

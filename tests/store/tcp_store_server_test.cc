@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "store/tcp_store.h"
+#include "tests/store/local_server.h"
 #include "tests/store/wire_bytes.h"
 #include "tests/support/raw_client.h"
 
@@ -19,12 +20,6 @@ using protocol::Dialect;
 using protocol::Op;
 
 namespace {
-
-std::unique_ptr<TcpStoreServer> local_server(ServerOptions o = {}) {
-  o.host = "127.0.0.1";
-  o.port = 0;
-  return TcpStoreServer::start(o);
-}
 
 constexpr auto kReply = 2s;
 const std::string kStop(1, '\0');
