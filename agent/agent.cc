@@ -70,6 +70,9 @@ struct JobEnd {
   std::string message;
 };
 
+// Thrown by a wait between attempts when the round gives way to the next.
+struct RoundGivesWay {};
+
 // torchrun's keep-alive settings of --rdzv_conf: keep_alive_interval
 // (seconds, default 5) and keep_alive_max_attempt (default 3); node_timeout
 // (seconds) is their product, kept as an alias: it sets the interval when
@@ -156,7 +159,14 @@ class ElasticAgent::Impl {
 
  private:
   // What watching the local workers of one attempt ended with.
-  enum class WatchResult { kSucceeded, kLocalFailure, kRemoteFailure, kSignal, kJobBroken };
+  enum class WatchResult {
+    kSucceeded,
+    kLocalFailure,
+    kRemoteFailure,
+    kSignal,
+    kJobBroken,
+    kReform
+  };
   // What one attempt of the job ended with, job-wide.
   struct AttemptOutcome {
     enum Kind {
@@ -164,14 +174,20 @@ class ElasticAgent::Impl {
       kFailed,     // a worker somewhere failed: `root` is the job's root cause
       kSignal,     // this agent received `signal`
       kJobBroken,  // the store was lost, or a node died or left
+      kReform,     // the round gives way to the next (elastic): no failure
     } kind = kJobBroken;
     int signal = 0;
     FailureRecord root;
     std::vector<FailureRecord> local;  // this node's failed workers
   };
 
-  // Rendezvous, ranks, log directory, monitor.
-  void join();
+  // Rendezvous (the first round, or after `change` the next), ranks, log
+  // directory, monitor.
+  void form_round(const std::optional<rendezvous::MembershipChange>& change);
+  // Stops the workers and forms the next round (no restart is charged).
+  void give_way();
+  // "attempt_<k>", or "attempt_<k>.r<round>" for a later round of attempt k.
+  std::string attempt_dir(int attempt) const;
   void start_workers(int attempt);
   // Starts the workers of `attempt`, watches them and, on local success,
   // passes the exit barrier. Never decides what comes next.
@@ -200,7 +216,10 @@ class ElasticAgent::Impl {
   // bug of ours (InternalError, exit 70).
   void check_monitor() const;
   void sync_after_stop(int attempt, bool final);
-  bool exit_barrier(int attempt);  // false: a failure of this attempt appeared (restart)
+  enum class Barrier { kPassed, kFailed, kReform };
+  // kFailed: a failure of this attempt appeared (restart); kReform: the round
+  // gives way.
+  Barrier exit_barrier(int attempt);
   std::string node_list(const std::vector<int>& nodes) const;
   // On the store host: waits until every other live node has left.
   void leave_last();
@@ -228,6 +247,9 @@ class ElasticAgent::Impl {
   bool temp_log_base_ = false;
   std::string run_dir_;
   int attempt_ = 0;
+  int started_attempt_ = -1;          // the last attempt whose workers started
+  int first_round_of_attempt_ = -1;   // the round in which it started
+  std::vector<rendezvous::NodeInfo> last_members_;  // of the round before
 
   std::mutex phase_mutex_;
   bool workers_running_ = false;
@@ -285,7 +307,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
   std::vector<worker::WorkerSpec> specs;
   const int nproc = c_.nproc_per_node;
   for (int lr = 0; lr < nproc; ++lr) {
-    std::string dir = run_dir_ + "/attempt_" + std::to_string(attempt) + "/" + std::to_string(lr);
+    std::string dir = run_dir_ + "/" + attempt_dir(attempt) + "/" + std::to_string(lr);
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw JobEnd{kUsage, "cannot create log directory '" + dir + "': " + ec.message()};
@@ -336,9 +358,9 @@ FailureRecord ElasticAgent::Impl::record_of(const worker::WorkerExit& e, int att
   f.noticed_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(e.time.time_since_epoch()).count();
   f.attempt = attempt;
-  read_error_file(run_dir_ + "/attempt_" + std::to_string(attempt) + "/" +
-                      std::to_string(e.local_rank) + "/error.json",
-                  &f);
+  read_error_file(
+      run_dir_ + "/" + attempt_dir(attempt) + "/" + std::to_string(e.local_rank) + "/error.json",
+      &f);
   return f;
 }
 
@@ -366,6 +388,7 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
     if (pending_signal_) return WatchResult::kSignal;
     check_monitor();
     if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
+    if (monitor_->membership_change()) return WatchResult::kReform;
     if (monitor_->store_lost() || !monitor_->dead_nodes().empty()) {
       return WatchResult::kJobBroken;
     }
@@ -496,6 +519,7 @@ void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& 
       return;
     } catch (const TimeoutError&) {
     }
+    if (monitor_->membership_change()) throw RoundGivesWay{};
     check_job_alive(what);
     if (Clock::now() >= deadline) {
       std::vector<int> reported = set_key.empty() ? std::vector<int>{} : node_set(set_key);
@@ -540,7 +564,9 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
   }
 }
 
-bool ElasticAgent::Impl::exit_barrier(int attempt) {
+ElasticAgent::Impl::Barrier ElasticAgent::Impl::exit_barrier(int attempt) {
+  // No admission re-forms a round whose workers finish (it would redo work).
+  if (info_.mark_finishing) info_.mark_finishing();
   // The node that completes the set of finished nodes releases everyone.
   if (join_set(keys::finished(attempt))) info_.store->set(keys::all_done(attempt), "1");
   // The timeout bounds only a wait for nodes whose liveness is unknown: a node
@@ -551,21 +577,22 @@ bool ElasticAgent::Impl::exit_barrier(int attempt) {
   for (;;) {
     try {
       info_.store->wait({keys::all_done(attempt)}, 200ms);
-      return true;
+      return Barrier::kPassed;
     } catch (const TimeoutError&) {
     }
-    if (monitor_->failure(attempt)) return false;
+    if (monitor_->failure(attempt)) return Barrier::kFailed;
+    if (monitor_->membership_change()) return Barrier::kReform;
     check_monitor();
     if (monitor_->store_lost()) {
       log_->warn("exit barrier: lost the job's store ({}); this node's workers succeeded",
                  monitor_->store_error());
-      return true;
+      return Barrier::kPassed;
     }
     if (Clock::now() < next_scan) continue;
     next_scan = Clock::now() + 1s;
     // One store request: the others are known from the monitor's view.
     auto running = others_except(node_set(keys::finished(attempt)), monitor_->departed_nodes());
-    if (running.empty()) return true;  // the others finished or left
+    if (running.empty()) return Barrier::kPassed;  // the others finished or left
     auto dead = monitor_->dead_nodes();
     const bool known = monitor_->liveness_known();
     bool any_alive = known && std::any_of(running.begin(), running.end(), [&](int node) {
@@ -580,14 +607,14 @@ bool ElasticAgent::Impl::exit_barrier(int attempt) {
           "exit barrier: nodes {} stopped responding before finishing; this node's workers "
           "succeeded",
           node_list(running));
-      return true;
+      return Barrier::kPassed;
     }
     if (Clock::now() >= deadline) {
       log_->warn(
           "exit barrier timed out after {}s waiting for nodes {} whose liveness is unknown; this "
           "node's workers succeeded",
           c_.exit_barrier_timeout.count() / 1000, node_list(running));
-      return true;
+      return Barrier::kPassed;
     }
   }
 }
@@ -670,9 +697,26 @@ RunResult ElasticAgent::Impl::finish(int code, std::string message) {
   return r;
 }
 
-void ElasticAgent::Impl::join() {
+std::string ElasticAgent::Impl::attempt_dir(int attempt) const {
+  std::string dir = "attempt_" + std::to_string(attempt);
+  if (attempt == started_attempt_ && info_.round != first_round_of_attempt_) {
+    dir += ".r" + std::to_string(info_.round);
+  }
+  return dir;
+}
+
+void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipChange>& change) {
+  monitor_.reset();  // the last round's view ends with it
   try {
-    info_ = rdzv_.next_rendezvous();
+    info_ = change ? rdzv_.next_round(*change, attempt_) : rdzv_.next_rendezvous();
+  } catch (const rendezvous::JobClosedError& e) {
+    if (e.while_waiting()) {
+      // A spare, or a node waiting to be admitted: the job ended without it.
+      std::string msg = "the job ended (" + e.outcome() + ") while this node waited for a round";
+      log_->info("{}; exiting 0", msg);
+      throw JobEnd{0, msg};
+    }
+    throw JobEnd{kRendezvous, e.what()};
   } catch (const ConfigError& e) {
     throw JobEnd{kUsage, e.what()};
   } catch (const TimeoutError& e) {
@@ -684,6 +728,8 @@ void ElasticAgent::Impl::join() {
   } catch (const Error& e) {
     throw JobEnd{kRendezvous, std::string("rendezvous failed: ") + e.what()};
   }
+  // A node joining a running job takes its restart count.
+  attempt_ = std::max(attempt_, info_.attempt);
   const auto& me = info_.nodes.at(static_cast<size_t>(info_.group_rank));
   if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
   std::vector<int> sizes;
@@ -699,31 +745,37 @@ void ElasticAgent::Impl::join() {
              std::to_string(r + n.local_world_size - 1);
     r += n.local_world_size;
   }
+  const bool elastic = c_.rdzv_backend == "c10d";
   log_->info(
-      "rendezvous complete: run_id={} group_rank={} group_world_size={} world_size={} "
-      "master={}:{}; {}",
-      c_.run_id, info_.group_rank, info_.group_world_size, world_size_, info_.master_addr,
-      info_.master_port, table);
-  events_.emit("rendezvous", 0,
+      "rendezvous complete{}: run_id={} group_rank={} group_world_size={} world_size={} "
+      "master={}:{} restart_count={}; {}",
+      elastic ? " (round " + std::to_string(info_.round) + ")" : std::string(), c_.run_id,
+      info_.group_rank, info_.group_world_size, world_size_, info_.master_addr, info_.master_port,
+      attempt_, table);
+  events_.emit("rendezvous", attempt_,
                {{"group_rank", info_.group_rank},
                 {"group_world_size", info_.group_world_size},
                 {"world_size", world_size_},
                 {"master_addr", info_.master_addr},
                 {"master_port", info_.master_port}});
-  if (c_.rdzv_backend == "c10d") {
-    const auto& self = info_.nodes.at(static_cast<size_t>(info_.group_rank));
-    events_.emit("node_joined", 0,
-                 {{"group_rank", info_.group_rank},
-                  {"host", self.host},
-                  {"pid", self.pid},
-                  {"round", info_.round}});
+  if (elastic) {
     nlohmann::json members = nlohmann::json::array();
     int endpoint_host = -1;
     for (const auto& n : info_.nodes) {
       members.push_back({{"group_rank", n.group_rank}, {"host", n.host}, {"pid", n.pid}});
       if (n.hosts_endpoint) endpoint_host = n.group_rank;
+      const bool before = std::any_of(last_members_.begin(), last_members_.end(), [&](const auto& m) {
+        return m.host == n.host && m.pid == n.pid;
+      });
+      if (!before) {
+        events_.emit("node_joined", attempt_,
+                     {{"group_rank", n.group_rank},
+                      {"host", n.host},
+                      {"pid", n.pid},
+                      {"round", info_.round}});
+      }
     }
-    events_.emit("round_complete", 0,
+    events_.emit("round_complete", attempt_,
                  {{"round", info_.round},
                   {"members", members},
                   {"world_size", world_size_},
@@ -731,14 +783,28 @@ void ElasticAgent::Impl::join() {
                   {"endpoint_store_node", endpoint_host},
                   {"workers_store_node", 0},
                   {"workers_store", info_.master_addr + ":" + std::to_string(info_.master_port)}});
+    last_members_ = info_.nodes;
   }
-  make_run_dir();
+  if (run_dir_.empty()) make_run_dir();
   MonitorOptions mo = monitor_options(c_);
   mo.node = info_.group_rank;
   mo.nnodes = info_.group_world_size;
   mo.hosts_store = info_.store_host.value_or(static_cast<bool>(info_.clear_worker_keys));
+  mo.membership = info_.check_membership;
   monitor_window_ = mo.liveness_window();
   monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
+}
+
+void ElasticAgent::Impl::give_way() {
+  auto change = monitor_->membership_change();
+  CTORCHRUN_CHECK(change.has_value(), "give_way() without a membership change");
+  log_->warn("round {} gives way to the next: {}; stopping the workers (no restart charged)",
+             info_.round, change->reason);
+  events_.emit("round_gives_way", attempt_,
+               {{"round", info_.round}, {"reason", change->reason}, {"lost", change->lost}});
+  stop_workers(SIGTERM, attempt_);
+  if (int sig = pending_signal_) throw JobEnd{128 + sig, "stopped by " + signal_name(sig)};
+  form_round(*change);
 }
 
 void ElasticAgent::Impl::start_workers(int k) {
@@ -771,6 +837,10 @@ void ElasticAgent::Impl::start_workers(int k) {
 }
 
 ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
+  if (k != started_attempt_) {
+    started_attempt_ = k;
+    first_round_of_attempt_ = info_.round;
+  }
   monitor_->watch_attempt(k);
   start_workers(k);
   AttemptOutcome out;
@@ -782,9 +852,15 @@ ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
         out.signal = sig;
         return out;
       }
-      if (exit_barrier(k)) {
-        out.kind = AttemptOutcome::kSucceeded;
-        return out;
+      switch (exit_barrier(k)) {
+        case Barrier::kPassed:
+          out.kind = AttemptOutcome::kSucceeded;
+          return out;
+        case Barrier::kReform:
+          out.kind = AttemptOutcome::kReform;
+          return out;
+        case Barrier::kFailed:
+          break;
       }
       // Another node failed while this one waited: the job's attempt failed.
       out.kind = AttemptOutcome::kFailed;
@@ -805,6 +881,9 @@ ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
     case WatchResult::kJobBroken:
       out.kind = AttemptOutcome::kJobBroken;
       return out;
+    case WatchResult::kReform:
+      out.kind = AttemptOutcome::kReform;
+      return out;
   }
   CTORCHRUN_CHECK(false, "unhandled watch result");
 }
@@ -813,6 +892,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
   switch (out.kind) {
     case AttemptOutcome::kSucceeded:
       log_->info("all workers of the job succeeded; exiting 0");
+      if (info_.close) info_.close("succeeded");
       leave();
       leave_last();
       return finish(0, "");
@@ -824,6 +904,8 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
       stop_workers(SIGTERM, k);
       check_job_alive("running workers");  // throws JobEnd naming the cause
       CTORCHRUN_CHECK(false, "the job ended with no cause");
+    case AttemptOutcome::kReform:
+      CTORCHRUN_CHECK(false, "settle() of a round that gives way");
     case AttemptOutcome::kFailed:
       break;
   }
@@ -854,6 +936,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
                     std::to_string(root.pid) + ") failed with " + root.cause() +
                     (here ? "" : " (summary on that node)") +
                     (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
+  if (info_.close) info_.close("failed");
   leave();
   RunResult r = finish(kFailed, msg);
   if (here) r.failures = out.local.empty() ? std::vector<FailureRecord>{root} : out.local;
@@ -879,9 +962,21 @@ RunResult ElasticAgent::Impl::run() {
   // The boundary of the agent: failures of the world become a RunResult, a
   // bug of ours an InternalError for main (exit 70); no worker outlives either.
   try {
-    join();
-    for (attempt_ = 0;; ++attempt_) {
-      if (auto result = settle(attempt_, run_attempt(attempt_))) return *result;
+    form_round(std::nullopt);
+    for (;;) {
+      try {
+        AttemptOutcome out = run_attempt(attempt_);
+        if (out.kind == AttemptOutcome::kReform) {
+          give_way();
+          continue;
+        }
+        if (auto result = settle(attempt_, out)) return *result;
+        ++attempt_;
+      } catch (const RoundGivesWay&) {
+        // Between the attempts of a failure: that failure is charged.
+        ++attempt_;
+        give_way();
+      }
     }
   } catch (const JobEnd& end) {
     if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);

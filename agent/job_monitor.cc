@@ -75,6 +75,11 @@ bool JobMonitor::liveness_known() const {
          state_->options.now() - *state_->known_at < state_->options.liveness_window();
 }
 
+std::optional<rendezvous::MembershipChange> JobMonitor::membership_change() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->membership_change;
+}
+
 // The thread's boundary: nothing escapes it. What it cannot handle ends the
 // monitor and is reported to the agent.
 void JobMonitor::run_loop(const std::shared_ptr<State>& st) {
@@ -129,6 +134,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
   bool failing = false;  // store calls keep failing since failing_since
   Clock::time_point failing_since;
   int seen_failure_of = -1;
+  auto next_membership = o.now();
   auto stopped = [&] {
     std::lock_guard<std::mutex> lock(st->mutex);
     return st->stop;
@@ -208,6 +214,18 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
           }
           // Until the host's first view arrives, ask at every pass.
           next_scan = now + (known ? o.keep_alive_interval : o.failure_poll);
+        }
+      }
+      if (o.membership && now >= next_membership) {
+        next_membership = now + o.membership_poll;
+        if (auto change = o.membership()) {
+          publish([&] {
+            st->membership_change = *change;
+            return true;
+          });
+          // The round is over: nothing more to watch in it, and the agent
+          // that forms the next one need not wait for a store call here.
+          return;
         }
       }
       int k = st->attempt;

@@ -8,6 +8,9 @@
 //    key ("liveness"); on the other nodes: reads that one key,
 //  - watches the failure key of the current attempt ("attempt/<k>/failure")
 //    and calls `notify` the moment another node (or this one) sets it,
+//  - on elastic rounds, asks whether the round must give way (nodes wait to
+//    be admitted) and calls `notify` once it must; its view then ends with
+//    the round (the thread stops),
 //  - notices the loss of the store (errors for longer than `store_grace`),
 //  - and ends on a record it cannot read (a protocol error naming the key) or
 //    on a broken invariant of ours (an internal error), which the agent
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "agent/failure_summary.h"
+#include "rendezvous/handler.h"
 #include "store/store.h"
 
 namespace ctorchrun::agent {
@@ -42,6 +46,10 @@ struct MonitorOptions {
   std::chrono::milliseconds store_grace{5'000};
   std::chrono::milliseconds failure_poll{250};  // each wait on the failure key
   std::function<std::chrono::steady_clock::time_point()> now = std::chrono::steady_clock::now;
+  // Elastic rounds: asked every membership_poll whether the round must give
+  // way (rendezvous::RendezvousInfo::check_membership); empty: never.
+  std::function<std::optional<rendezvous::MembershipChange>()> membership;
+  std::chrono::milliseconds membership_poll{250};
 
   std::chrono::milliseconds liveness_window() const {
     return keep_alive_interval * keep_alive_max_attempt;
@@ -70,6 +78,8 @@ class JobMonitor {
   // True while the view is current: the host published it within the
   // liveness window. Every other node not dead nor departed is then alive.
   bool liveness_known() const;
+  // Set once the round must give way to the next (MonitorOptions::membership).
+  std::optional<rendezvous::MembershipChange> membership_change() const;
 
  private:
   struct State {
@@ -89,6 +99,7 @@ class JobMonitor {
     std::optional<std::chrono::steady_clock::time_point> known_at;  // view last current
     std::optional<std::string> protocol_error;
     std::optional<std::string> internal_error;
+    std::optional<rendezvous::MembershipChange> membership_change;
   };
   static void loop(const std::shared_ptr<State>& state);
   static void run_loop(const std::shared_ptr<State>& state);

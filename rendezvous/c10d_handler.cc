@@ -88,11 +88,11 @@ void C10dHandler::host_endpoint_if_ours() {
 }
 
 RendezvousInfo C10dHandler::next_rendezvous() {
+  CTORCHRUN_CHECK(!state_, "C10dHandler::next_rendezvous() called twice; use next_round()");
   auto log = get_logger("rdzv");
-  const auto start = Clock::now();
-  const auto deadline = start + options_.join_timeout;
+  const auto deadline = Clock::now() + options_.join_timeout;
   const std::string addr = strip_brackets(options_.endpoint_host);
-  const std::string endpoint = format_endpoint(addr, options_.endpoint_port);
+  endpoint_ = format_endpoint(addr, options_.endpoint_port);
   host_endpoint_if_ours();
 
   ConnectRetry retry;
@@ -100,23 +100,23 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   retry.wait_log_interval = options_.wait_log_interval;
   retry.op_timeout = options_.read_timeout;
   retry.on_wait = [&](const std::string& why) {
-    log->info("rendezvous '{}': waiting for the endpoint {}: {}", options_.run_id, endpoint, why);
+    log->info("rendezvous '{}': waiting for the endpoint {}: {}", options_.run_id, endpoint_, why);
   };
   retry.timeout_message = [&](const std::string& why) {
     return "rendezvous '" + options_.run_id + "' timed out after " +
-           format_duration(options_.join_timeout) + ": cannot reach the endpoint " + endpoint +
+           format_duration(options_.join_timeout) + ": cannot reach the endpoint " + endpoint_ +
            "; check --rdzv_endpoint and that its host runs (" + why + ")";
   };
-  std::shared_ptr<store::TcpStore> conn = connect_until(addr, options_.endpoint_port, retry);
+  conn_ = connect_until(addr, options_.endpoint_port, retry);
   // torchrun's c10d agents keep one blob under this key of the same store.
-  if (conn->check({"torch.rendezvous." + options_.run_id})) {
-    throw ConfigError("the endpoint " + endpoint + " holds torchrun's rendezvous for id '" +
+  if (conn_->check({"torch.rendezvous." + options_.run_id})) {
+    throw ConfigError("the endpoint " + endpoint_ + " holds torchrun's rendezvous for id '" +
                       options_.run_id + "' (key torch.rendezvous." + options_.run_id +
                       "); start every node with ctorchrun, or use another --rdzv_id");
   }
 
-  const std::string job_prefix = std::string(StaticHandler::kNamespace) + "/" + options_.run_id;
-  auto job = std::make_shared<store::PrefixStore>(job_prefix, conn);
+  job_prefix_ = std::string(StaticHandler::kNamespace) + "/" + options_.run_id;
+  job_ = std::make_shared<store::PrefixStore>(job_prefix_, conn_);
   C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
                         options_.entrypoint};
   NodeInfo me;
@@ -125,66 +125,116 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   me.host = options_.host;
   me.pid = static_cast<int>(::getpid());
   me.hosts_endpoint = server_ != nullptr;
-  C10dState state(*job, settings, me, options_.last_call_timeout);
-  auto next_log = start + options_.wait_log_interval;
+  C10dTiming timing;
+  timing.last_call_timeout = options_.last_call_timeout;
+  timing.closed_window = options_.closed_window.value_or(options_.join_timeout);
+  state_ = std::make_unique<C10dState>(*job_, settings, me, timing);
+  try {
+    state_->join();
+  } catch (const IoError& e) {
+    throw Error("lost the rendezvous store at " + endpoint_ + " while joining: " + e.what());
+  }
+  log->debug("rendezvous '{}': entered round {} of generation {} as {}", options_.run_id,
+             state_->round(), state_->generation(), state_->slot());
+  return form();
+}
+
+RendezvousInfo C10dHandler::next_round(const MembershipChange& change, int attempt) {
+  CTORCHRUN_CHECK(state_ && round_, "C10dHandler::next_round() before a round formed");
+  try {
+    state_->rejoin(*round_, attempt, change.lost);
+  } catch (const IoError& e) {
+    throw Error("lost the rendezvous store at " + endpoint_ + " while round " +
+                std::to_string(round_->round + 1) + " formed: " + e.what());
+  }
+  return form();
+}
+
+RendezvousInfo C10dHandler::form() {
+  auto log = get_logger("rdzv");
+  auto deadline = Clock::now() + options_.join_timeout;
+  auto next_log = Clock::now() + options_.wait_log_interval;
+  bool was_waiting = false;
+  int waiting_round = -1;
   std::optional<C10dRound> round;
   try {
-    state.join();
-    log->debug("rendezvous '{}': joined round {} as arrival {}", options_.run_id, state.round(),
-               state.arrival_index());
-
     for (;;) {
-      round = state.poll();
+      round = state_->poll();
       if (round) break;
-      if (Clock::now() >= deadline) {
+      if (state_->waiting()) {
+        // The job runs: wait for it as long as it does.
+        deadline = Clock::now() + options_.join_timeout;
+        if (!was_waiting || waiting_round != state_->round()) {
+          if (state_->spare()) {
+            log->info(
+                "rendezvous '{}': the job runs with its maximum of {} nodes; waiting as a spare "
+                "for a place in a later round",
+                options_.run_id, options_.max_nodes);
+          } else {
+            log->info("rendezvous '{}': the job is running; waiting to be admitted at its next "
+                      "re-formation",
+                      options_.run_id);
+          }
+        }
+        was_waiting = true;
+        waiting_round = state_->round();
+      } else if (Clock::now() >= deadline) {
         throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
-                           format_duration(options_.join_timeout) + ": " + state.progress() +
-                           " (endpoint " + endpoint +
+                           format_duration(options_.join_timeout) + ": " + state_->progress() +
+                           " (endpoint " + endpoint_ +
                            "); start the other nodes with the same --rdzv_endpoint and --rdzv_id, "
                            "or lower --nnodes' minimum");
-      }
-      if (Clock::now() >= next_log) {
+      } else if (Clock::now() >= next_log) {
         next_log = Clock::now() + options_.wait_log_interval;
-        log->info("rendezvous '{}': waiting for nodes: {}", options_.run_id, state.progress());
+        log->info("rendezvous '{}': waiting for nodes: {}", options_.run_id, state_->progress());
       }
+      auto slice = std::min(options_.poll_interval,
+                            state_->until_last_call() + milliseconds(1));
+      slice = std::clamp(std::min(slice, left_until(deadline)), milliseconds(1),
+                         options_.poll_interval);
       try {
-        job->wait({state.wait_key()},
-                  std::clamp(left_until(deadline), milliseconds(1), options_.poll_interval));
+        job_->wait({state_->wait_key()}, slice);
       } catch (const TimeoutError&) {
       }
     }
   } catch (const IoError& e) {
     // The endpoint's store went away while the round formed: a rendezvous
     // failure (exit 3), not a set-up one.
-    throw Error("lost the rendezvous store at " + endpoint + " while round " +
-                std::to_string(std::max(state.round(), 0)) + " formed: " + e.what());
+    throw Error("lost the rendezvous store at " + endpoint_ + " while round " +
+                std::to_string(std::max(state_->round(), 0)) + " formed: " + e.what());
   }
+  round_ = round;
+  return round_info(*round);
+}
 
+RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
+  auto log = get_logger("rdzv");
+  const std::string addr = strip_brackets(options_.endpoint_host);
   // The round's workers' store, on group rank 0.
-  const std::string workers_key = "rdzv/" + std::to_string(round->round) + "/workers_store";
+  const std::string workers_key = C10dState::round_key(round.generation, round.round,
+                                                       "workers_store");
   std::string workers_addr;
   int workers_port = 0;
-  if (round->group_rank == 0) {
+  workers_server_.reset();  // the last round's workers are stopped
+  if (round.group_rank == 0) {
     workers_addr = options_.advertise_addr.empty()
                        ? local_address_towards(addr, options_.endpoint_port)
                        : strip_brackets(options_.advertise_addr);
     store::ServerOptions so = options_.server;
     so.host = bind_address_for(workers_addr);  // IoError: not an address of this host
     so.port = 0;
-    workers_server_.reset();
     workers_server_ = store::TcpStoreServer::start(so);
     workers_port = workers_server_->port();
-    job->set(workers_key, nlohmann::json{{"addr", workers_addr}, {"port", workers_port}}.dump());
+    job_->set(workers_key, nlohmann::json{{"addr", workers_addr}, {"port", workers_port}}.dump());
   } else {
-    workers_server_.reset();
     try {
-      job->wait({workers_key}, options_.read_timeout);  // rank 0 sets it right after the round
+      job_->wait({workers_key}, options_.read_timeout);  // rank 0 sets it right after the round
     } catch (const IoError& e) {
-      throw Error("lost the rendezvous store at " + endpoint +
-                  " while waiting for the workers' store of round " + std::to_string(round->round) +
+      throw Error("lost the rendezvous store at " + endpoint_ +
+                  " while waiting for the workers' store of round " + std::to_string(round.round) +
                   ": " + e.what());
     }
-    auto j = nlohmann::json::parse(job->get(workers_key), nullptr, false);
+    auto j = nlohmann::json::parse(job_->get(workers_key), nullptr, false);
     if (!j.is_object() || !j.contains("addr") || !j["addr"].is_string() || !j.contains("port") ||
         !j["port"].is_number_integer()) {
       throw ProtocolError("unreadable workers' store address at key '" + workers_key + "'");
@@ -192,33 +242,87 @@ RendezvousInfo C10dHandler::next_rendezvous() {
     workers_addr = j["addr"].get<std::string>();
     workers_port = j["port"].get<int>();
   }
-  log->debug("round {}: the workers' store is at {}:{}", round->round, workers_addr, workers_port);
+  log->debug("round {}: the workers' store is at {}:{}", round.round, workers_addr, workers_port);
 
-  const std::string round_prefix = job_prefix + "/r" + std::to_string(round->round);
+  const std::string round_prefix = job_prefix_ + "/g" + std::to_string(round.generation) + "/r" +
+                                   std::to_string(round.round);
   RendezvousInfo info;
-  info.store = std::make_shared<store::PrefixStore>(round_prefix, conn);
+  info.store = std::make_shared<store::PrefixStore>(round_prefix, conn_);
   // Background connections make only quick calls: a frozen store shows as a
   // timeout within seconds.
-  info.connect = [addr, port = options_.endpoint_port, round_prefix] {
+  const int port = options_.endpoint_port;
+  info.connect = [addr, port, round_prefix] {
     return std::make_shared<store::PrefixStore>(
         round_prefix, tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000)));
   };
   info.namespace_prefix = std::string("/") + StaticHandler::kNamespace + "/";
-  info.round = round->round;
-  info.group_rank = round->group_rank;
-  info.group_world_size = static_cast<int>(round->nodes.size());
-  info.nodes = round->nodes;
+  info.round = round.round;
+  info.group_rank = round.group_rank;
+  info.group_world_size = static_cast<int>(round.nodes.size());
+  info.nodes = round.nodes;
   info.master_addr = workers_addr;
   info.master_port = workers_port;
+  info.attempt = round.attempt;
   if (workers_server_) {
     store::TcpStoreServer* server = workers_server_.get();
     info.clear_worker_keys = [server] { return server->erase_keys_except({}); };
   }
   // The endpoint's host leaves last; with no member hosting it (a standalone
   // store at the endpoint), group rank 0 publishes liveness.
-  const bool any_host = std::any_of(round->nodes.begin(), round->nodes.end(),
+  const bool any_host = std::any_of(round.nodes.begin(), round.nodes.end(),
                                     [](const NodeInfo& n) { return n.hosts_endpoint; });
-  info.store_host = any_host ? server_ != nullptr : round->group_rank == 0;
+  info.store_host = any_host ? server_ != nullptr : round.group_rank == 0;
+
+  // The monitor's view of the round: a connection of its own, opened on first
+  // use and again after an error (which also restarts the admission timer).
+  struct Watcher {
+    std::shared_ptr<store::Store> job;
+    std::unique_ptr<C10dRoundWatch> watch;
+  };
+  auto watcher = std::make_shared<Watcher>();
+  C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
+                        options_.entrypoint};
+  auto open = [watcher, addr, port, prefix = job_prefix_, settings, round,
+               lct = options_.last_call_timeout]() -> C10dRoundWatch& {
+    if (!watcher->watch) {
+      watcher->job = std::make_shared<store::PrefixStore>(
+          prefix, tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000)));
+      watcher->watch = std::make_unique<C10dRoundWatch>(*watcher->job, settings, round, lct);
+    }
+    return *watcher->watch;
+  };
+  auto guarded = [watcher](auto&& call) {
+    try {
+      return call();
+    } catch (const IoError&) {
+      watcher->watch.reset();
+      watcher->job.reset();
+      throw;
+    } catch (const TimeoutError&) {
+      watcher->watch.reset();
+      watcher->job.reset();
+      throw;
+    }
+  };
+  info.check_membership = [open, guarded] { return guarded([&] { return open().check(); }); };
+  info.reform = [open, guarded](const std::string& reason, const std::vector<int>& lost) {
+    return guarded([&] { return open().reform(reason, lost); });
+  };
+  C10dState* state = state_.get();
+  info.mark_finishing = [state] { state->mark_finishing(); };
+  const bool hosts_endpoint = server_ != nullptr;
+  info.close = [state, hosts_endpoint, run_id = options_.run_id](const std::string& outcome) {
+    int waiting = state->close(outcome);
+    if (!hosts_endpoint || waiting <= 0) return;
+    // The endpoint's store goes with this agent: let the waiting nodes read
+    // the end first (they look at least once a poll interval).
+    const auto until = Clock::now() + milliseconds(3'000);
+    while (state->closed_seen() < waiting && Clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    get_logger("rdzv")->debug("rendezvous '{}': {} waiting nodes told of the end", run_id,
+                              waiting);
+  };
   return info;
 }
 

@@ -26,20 +26,32 @@
 // publishes liveness and leaves last); with a standalone store at the
 // endpoint, group rank 0 is.
 //
-// Waits: connecting to the endpoint and the whole round are bounded by
-// join_timeout; each store request by read_timeout; the wait for the round to
-// complete is sliced into poll_interval waits on its completion key.
+// Rounds: next_rendezvous() joins the round now forming; while the job runs
+// the agent's monitor calls RendezvousInfo::check_membership, and when the
+// round gives way (nodes wait to be admitted; a member was lost) the agent
+// calls next_round(), which brings this node back into the next round ahead
+// of newcomers. A node that arrives while the job runs with MAX nodes waits
+// as a spare until a round has room for it or the job ends.
+//
+// Waits: connecting to the endpoint and forming a round are bounded by
+// join_timeout, except while this node waits for a running job (a spare, or
+// a newcomer until the next admission): that lasts as long as the job. Each
+// store request is bounded by read_timeout; the wait for the next event is
+// sliced into waits of at most poll_interval on the key that marks it.
 // Throws as Handler::next_rendezvous: TimeoutError (naming who joined and
 // the endpoint), IoError, ConfigError (settings differ, or a torchrun agent
-// uses this id on the endpoint), RendezvousClosedError (arrived too late),
-// Error (the endpoint's store was lost while the round formed).
+// uses this id on the endpoint), JobClosedError (the job ended: before this
+// node arrived, within the closed window, or while it waited), Error (the
+// endpoint's store was lost while the round formed).
 
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "rendezvous/c10d_state.h"
 #include "rendezvous/handler.h"
+#include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 
 namespace ctorchrun::rendezvous {
@@ -59,7 +71,12 @@ struct C10dOptions {
   std::chrono::milliseconds join_timeout{600'000};
   std::chrono::milliseconds last_call_timeout{30'000};
   std::chrono::milliseconds read_timeout{60'000};
-  std::chrono::milliseconds poll_interval{100};
+  // Longest wait between two looks at the rendezvous (the store wakes the
+  // waits on the keys that matter; this bounds how soon an end is seen).
+  std::chrono::milliseconds poll_interval{1'000};
+  // How long after a job's end a node of the same id is refused.
+  // Unset: join_timeout.
+  std::optional<std::chrono::milliseconds> closed_window;
   std::chrono::milliseconds wait_log_interval{30'000};
   store::ServerOptions server;  // limits of the hosted store (host, port set here)
 };
@@ -70,6 +87,7 @@ class C10dHandler : public Handler {
   ~C10dHandler() override;
 
   RendezvousInfo next_rendezvous() override;
+  RendezvousInfo next_round(const MembershipChange& change, int attempt) override;
   const std::string& run_id() const override { return options_.run_id; }
 
   // True when this agent hosts the endpoint's store (after next_rendezvous).
@@ -77,8 +95,18 @@ class C10dHandler : public Handler {
 
  private:
   void host_endpoint_if_ours();
+  // Polls the state machine until this node is in a complete round, then
+  // sets up that round's workers' store.
+  RendezvousInfo form();
+  RendezvousInfo round_info(const C10dRound& round);
 
   C10dOptions options_;
+  std::string endpoint_;  // "host:port", for messages
+  std::string job_prefix_;
+  std::shared_ptr<store::TcpStore> conn_;
+  std::shared_ptr<store::Store> job_;
+  std::unique_ptr<C10dState> state_;
+  std::optional<C10dRound> round_;
   std::unique_ptr<store::TcpStoreServer> server_;          // the endpoint's store
   std::unique_ptr<store::TcpStoreServer> workers_server_;  // this round's, on group rank 0
 };

@@ -1,12 +1,17 @@
 #include "rendezvous/c10d_state.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "common/deadline.h"
 #include "common/error.h"
 
 namespace ctorchrun::rendezvous {
 
 namespace {
+
+// Bounds every walk over generations, rounds or list items.
+constexpr int kMaxSteps = 100'000;
 
 std::string nnodes_text(const C10dSettings& s) {
   return std::to_string(s.min_nodes) + ":" + std::to_string(s.max_nodes);
@@ -21,134 +26,414 @@ std::string text_of(const nlohmann::json& j) {
   return j.is_string() ? j.get<std::string>() : j.dump();
 }
 
+nlohmann::json parse_object(const std::string& raw, const std::string& key) {
+  auto j = nlohmann::json::parse(raw, nullptr, false);
+  if (!j.is_object()) {
+    throw ProtocolError("unreadable record at key '" + key + "': " + raw.substr(0, 200));
+  }
+  return j;
+}
+
+int int_field(const nlohmann::json& j, const char* name, const std::string& key) {
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_number_integer()) {
+    throw ProtocolError("unreadable record at key '" + key + "': no integer '" + name + "'");
+  }
+  auto v = it->get<int64_t>();
+  if (v < 0 || v > 1'000'000'000) {
+    throw ProtocolError("unreadable record at key '" + key + "': '" + name + "' out of range");
+  }
+  return static_cast<int>(v);
+}
+
+int64_t int_text(const std::string& raw, const std::string& key) {
+  if (raw.empty() || raw.size() > 18 ||
+      !std::all_of(raw.begin(), raw.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    throw ProtocolError("unreadable number at key '" + key + "': " + raw.substr(0, 100));
+  }
+  return std::stoll(raw);
+}
+
+// A slot: 'n' or 'm' and a number.
+bool valid_slot(const std::string& s) {
+  return s.size() >= 2 && s.size() <= 11 && (s[0] == 'n' || s[0] == 'm') &&
+         std::all_of(s.begin() + 1, s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 }  // namespace
 
-C10dState::C10dState(store::Store& job, C10dSettings settings, NodeInfo me,
-                     std::chrono::milliseconds last_call_timeout,
-                     std::function<Clock::time_point()> now)
+std::string C10dState::round_key(int generation, int round, const std::string& what) {
+  return "g" + std::to_string(generation) + "/rdzv/" + std::to_string(round) + "/" + what;
+}
+
+std::string C10dState::closed_key(int generation) {
+  return "g" + std::to_string(generation) + "/rdzv/closed";
+}
+
+C10dState::C10dState(store::Store& job, C10dSettings settings, NodeInfo me, C10dTiming timing,
+                     std::function<Clock::time_point()> now,
+                     std::function<WallClock::time_point()> wall_now)
     : job_(job),
       settings_(std::move(settings)),
       me_(std::move(me)),
-      last_call_timeout_(last_call_timeout),
-      now_(std::move(now)) {}
+      timing_(timing),
+      now_(std::move(now)),
+      wall_now_(std::move(wall_now)) {}
 
-std::string C10dState::key(const std::string& what) const {
-  return "rdzv/" + std::to_string(round_) + "/" + what;
+void C10dState::check_settings() {
+  const std::string key = "g" + std::to_string(generation_) + "/rdzv/settings";
+  const std::string mine = settings_json(settings_).dump();
+  const std::string got = job_.compare_set(key, "", mine);
+  if (got == mine) return;
+  auto theirs = parse_object(got, key);
+  const auto ours = settings_json(settings_);
+  for (const char* name : {"nnodes", "max_restarts", "entrypoint"}) {
+    const std::string a = theirs.contains(name) ? text_of(theirs[name]) : std::string("<none>");
+    const std::string b = text_of(ours[name]);
+    if (a != b) {
+      throw ConfigError(std::string("nodes disagree on --") + name +
+                        ": the job's first node has " + a + ", this node (" + me_.host + ") has " +
+                        b + "; give every node the same value");
+    }
+  }
 }
-
-std::string C10dState::wait_key() const { return key("complete"); }
 
 void C10dState::join() {
-  const std::string mine = settings_json(settings_).dump();
-  const std::string got = job_.compare_set("rdzv/settings", "", mine);
-  if (got != mine) {
-    auto theirs = nlohmann::json::parse(got, nullptr, false);
-    if (!theirs.is_object()) {
-      throw ProtocolError("unreadable rendezvous settings at key 'rdzv/settings': " +
-                          got.substr(0, 200));
+  CTORCHRUN_CHECK(round_ < 0, "C10dState::join() called twice");
+  // The generation: walk past jobs of this id that ended before the window.
+  int g = static_cast<int>(job_.add("generation", 0));
+  for (int step = 0;; ++step) {
+    CTORCHRUN_CHECK(step < kMaxSteps, "no usable generation of the rendezvous id");
+    if (!job_.check({closed_key(g)})) break;
+    const std::string key = closed_key(g);
+    auto j = parse_object(job_.get(key), key);
+    auto at = j.find("closed_at_ms");
+    auto outcome = j.find("outcome");
+    if (at == j.end() || !at->is_number_integer() || outcome == j.end() || !outcome->is_string()) {
+      throw ProtocolError("unreadable record at key '" + key + "'");
     }
-    const auto ours = settings_json(settings_);
-    for (const char* name : {"nnodes", "max_restarts", "entrypoint"}) {
-      const std::string a = theirs.contains(name) ? text_of(theirs[name]) : std::string("<none>");
-      const std::string b = text_of(ours[name]);
-      if (a != b) {
-        throw ConfigError(std::string("nodes disagree on --") + name +
-                          ": the job's first node has " + a + ", this node (" + me_.host +
-                          ") has " + b + "; give every node the same value");
-      }
+    const auto closed_at = WallClock::time_point(std::chrono::milliseconds(at->get<int64_t>()));
+    const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(wall_now_() - closed_at);
+    if (age < timing_.closed_window) {
+      throw JobClosedError(
+          "the job of this --rdzv_id ended (" + outcome->get<std::string>() + ") " +
+              format_duration(std::max(age, std::chrono::milliseconds(0))) +
+              " ago; a node arriving within join_timeout (" +
+              format_duration(timing_.closed_window) +
+              ") of the end is refused, so that a restarted node does not start the job again. "
+              "Use another --rdzv_id, or wait " +
+              format_duration(timing_.closed_window - age),
+          outcome->get<std::string>(), false);
+    }
+    // The window has passed: the id is free for a new job.
+    job_.compare_set("generation", std::to_string(g), std::to_string(g + 1));
+    ++g;
+  }
+  generation_ = g;
+  check_settings();
+  settings_checked_ = true;
+  const std::string hint_key = "g" + std::to_string(g) + "/rdzv/round";
+  int r = job_.check({hint_key}) ? static_cast<int>(int_text(job_.get(hint_key), hint_key)) : 0;
+  for (int step = 0; job_.check({round_key(g, r, "complete")}); ++step) {
+    CTORCHRUN_CHECK(step < kMaxSteps, "no forming round of the rendezvous");
+    ++r;
+  }
+  enter_as_newcomer(r);
+}
+
+void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost) {
+  CTORCHRUN_CHECK(settings_checked_ && previous.round == round_ && previous.generation == generation_,
+                  "C10dState::rejoin() of a round this node did not form");
+  int lost_members = 0;
+  for (int g = 0; g < static_cast<int>(previous.nodes.size()); ++g) {
+    if (g != previous.group_rank && std::find(lost.begin(), lost.end(), g) != lost.end()) {
+      ++lost_members;
     }
   }
-  round_ = static_cast<int>(job_.add("rdzv/round", 0));
-  index_ = static_cast<int>(job_.add(key("joined"), 1));
-  if (index_ > settings_.max_nodes) {
-    throw RendezvousClosedError("round " + std::to_string(round_) + " already has its maximum of " +
-                                std::to_string(settings_.max_nodes) +
-                                " nodes; this node arrived as number " + std::to_string(index_));
-  }
-  nlohmann::json rec = {{"local_world_size", me_.local_world_size},
+  round_ = previous.round + 1;
+  slot_ = "m" + std::to_string(previous.group_rank);
+  expected_back_ = static_cast<int>(previous.nodes.size()) - lost_members;
+  open_ = true;
+  running_members_ = static_cast<int>(previous.nodes.size());
+  min_seen_ = false;
+  last_call_since_.reset();
+  claim_seen_at_.reset();
+  enter(slot_, attempt);
+}
+
+void C10dState::enter_as_newcomer(int round) {
+  round_ = round;
+  expected_back_ = 0;
+  min_seen_ = false;
+  last_call_since_.reset();
+  claim_seen_at_.reset();
+  open_ = round == 0;
+  running_members_ = 0;
+  const int i = static_cast<int>(job_.add(key("joined"), 1));
+  slot_ = "n" + std::to_string(i);
+  enter(slot_, 0);
+}
+
+std::string C10dState::record_json(int attempt) const {
+  return nlohmann::json{{"lws", me_.local_world_size},
                         {"host", me_.host},
                         {"pid", me_.pid},
-                        {"hosts_endpoint", me_.hosts_endpoint}};
-  job_.set(key("node/" + std::to_string(index_ - 1)), rec.dump());
-  if (index_ == settings_.max_nodes) {
-    job_.compare_set(key("complete"), "", std::to_string(index_));
+                        {"he", me_.hosts_endpoint},
+                        {"attempt", attempt}}
+      .dump();
+}
+
+void C10dState::enter(const std::string& slot, int attempt) {
+  job_.set(key("node/" + slot), record_json(attempt));
+  job_.append(key("entered"), slot + ",");
+  int rejoined = 0;
+  if (slot[0] == 'm') rejoined = static_cast<int>(job_.add(key("rejoined"), 1));
+  const int count = static_cast<int>(job_.add(key("count"), 1));
+  if (count == settings_.min_nodes) job_.set(key("min"), "1");
+  if (!open_) return;
+  const bool all_back = rejoined >= expected_back_;
+  if ((count >= settings_.max_nodes && all_back) ||
+      (slot[0] == 'm' && rejoined == expected_back_ && count >= settings_.min_nodes)) {
+    try_complete();
   }
 }
 
-std::optional<C10dRound> C10dState::poll() {
-  CTORCHRUN_CHECK(round_ >= 0, "C10dState::poll() before join()");
-  std::string complete;
-  if (job_.check({key("complete")})) {
-    complete = job_.get(key("complete"));
-  } else {
-    const int joined = static_cast<int>(job_.add(key("joined"), 0));
-    if (joined < settings_.min_nodes) return std::nullopt;
-    if (!last_call_since_) last_call_since_ = now_();
-    if (now_() - *last_call_since_ < last_call_timeout_) return std::nullopt;
-    // Last call is over on this node's clock: close the round at the count
-    // now joined. Another node may have closed it first; its count wins.
-    const int count = std::min(joined, settings_.max_nodes);
-    complete = job_.compare_set(key("complete"), "", std::to_string(count));
+void C10dState::try_complete() {
+  const std::string claim = job_.compare_set(key("claim"), "", slot_);
+  if (claim != slot_) {
+    if (!claim_seen_at_) claim_seen_at_ = now_();
+    if (now_() - *claim_seen_at_ < timing_.claim_timeout) return;
+    // The claimant went silent: build the roster here; compare_set keeps one.
   }
-  int members = 0;
-  try {
-    members = std::stoi(complete);
-  } catch (const std::exception&) {
-    throw ProtocolError("unreadable member count at key '" + key("complete") +
-                        "': " + complete.substr(0, 100));
+  const std::string entered_key = key("entered");
+  const std::string raw = job_.get(entered_key);
+  std::vector<std::pair<int, std::string>> back, fresh;  // (number, slot)
+  size_t at = 0;
+  for (int step = 0; at < raw.size(); ++step) {
+    CTORCHRUN_CHECK(step < kMaxSteps, "runaway list at " + entered_key);
+    size_t comma = raw.find(',', at);
+    if (comma == std::string::npos) comma = raw.size();
+    std::string s = raw.substr(at, comma - at);
+    at = comma + 1;
+    if (!valid_slot(s)) {
+      throw ProtocolError("unreadable record at key '" + entered_key + "': " + raw.substr(0, 200));
+    }
+    auto& list = s[0] == 'm' ? back : fresh;
+    const int n = std::stoi(s.substr(1));
+    if (std::none_of(list.begin(), list.end(), [&](const auto& p) { return p.first == n; })) {
+      list.emplace_back(n, s);
+    }
   }
-  if (members < 1 || members > settings_.max_nodes) {
-    throw ProtocolError("member count " + std::to_string(members) + " at key '" + key("complete") +
-                        "' is outside 1.." + std::to_string(settings_.max_nodes));
+  std::sort(back.begin(), back.end());
+  std::sort(fresh.begin(), fresh.end());
+  std::vector<std::string> slots;
+  for (const auto* list : {&back, &fresh}) {
+    for (const auto& p : *list) {
+      if (static_cast<int>(slots.size()) < settings_.max_nodes) slots.push_back(p.second);
+    }
   }
-  if (index_ > members) {
-    throw RendezvousClosedError("round " + std::to_string(round_) + " completed with " +
-                                std::to_string(members) +
-                                " nodes before this node could join it (it arrived as number " +
-                                std::to_string(index_) + ")");
-  }
-  return read_round(members);
-}
-
-C10dRound C10dState::read_round(int members) {
   std::vector<std::string> keys;
-  for (int i = 0; i < members; ++i) keys.push_back(key("node/" + std::to_string(i)));
-  // Each member sets its record right after its ADD; the store's timeout bounds
-  // the wait for one that has yet to.
+  for (const auto& s : slots) keys.push_back(key("node/" + s));
   auto values = job_.multi_get(keys);
+  nlohmann::json members = nlohmann::json::array();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    auto rec = parse_object(values[i], keys[i]);
+    rec["slot"] = slots[i];
+    members.push_back(std::move(rec));
+  }
+  job_.compare_set(key("complete"), "", nlohmann::json{{"members", members}}.dump());
+  job_.set("g" + std::to_string(generation_) + "/rdzv/round", std::to_string(round_));
+}
+
+C10dRound C10dState::read_roster(const std::string& raw) {
+  const std::string k = key("complete");
+  auto j = parse_object(raw, k);
+  auto members = j.find("members");
+  if (members == j.end() || !members->is_array() || members->empty() ||
+      members->size() > static_cast<size_t>(settings_.max_nodes)) {
+    throw ProtocolError("unreadable roster at key '" + k + "'");
+  }
   C10dRound r;
+  r.generation = generation_;
   r.round = round_;
-  r.group_rank = index_ - 1;
-  for (int i = 0; i < members; ++i) {
-    const std::string& k = keys[static_cast<size_t>(i)];
-    auto j = nlohmann::json::parse(values[static_cast<size_t>(i)], nullptr, false);
-    if (!j.is_object() || !j.contains("local_world_size") ||
-        !j["local_world_size"].is_number_integer() || !j.contains("pid") ||
-        !j["pid"].is_number_integer() || !j.contains("host") || !j["host"].is_string()) {
-      throw ProtocolError("unreadable node record at key '" + k + "'");
+  r.group_rank = -1;
+  for (const auto& m : *members) {
+    if (!m.is_object()) throw ProtocolError("unreadable roster at key '" + k + "'");
+    auto slot = m.find("slot");
+    auto host = m.find("host");
+    if (slot == m.end() || !slot->is_string() || host == m.end() || !host->is_string()) {
+      throw ProtocolError("unreadable roster at key '" + k + "': a member without slot or host");
     }
     NodeInfo n;
-    n.group_rank = i;
-    n.local_world_size = j["local_world_size"].get<int>();
-    n.pid = j["pid"].get<int>();
-    n.host = j["host"].get<std::string>();
+    n.group_rank = static_cast<int>(r.nodes.size());
+    n.local_world_size = int_field(m, "lws", k);
+    n.pid = int_field(m, "pid", k);
+    n.host = host->get<std::string>();
     n.max_restarts = settings_.max_restarts;
-    auto he = j.find("hosts_endpoint");
-    n.hosts_endpoint = he != j.end() && he->is_boolean() && he->get<bool>();
+    auto he = m.find("he");
+    n.hosts_endpoint = he != m.end() && he->is_boolean() && he->get<bool>();
     if (n.local_world_size < 1) {
-      throw ProtocolError("node record at key '" + k + "': local_world_size " +
-                          std::to_string(n.local_world_size) + " is not positive");
+      throw ProtocolError("roster at key '" + k + "': a member with local_world_size 0");
     }
+    r.attempt = std::max(r.attempt, int_field(m, "attempt", k));
+    if (slot->get<std::string>() == slot_) r.group_rank = n.group_rank;
     r.nodes.push_back(std::move(n));
   }
   return r;
 }
 
+void C10dState::check_closed(bool while_waiting) {
+  const std::string key = closed_key(generation_);
+  if (!job_.check({key})) return;
+  auto j = parse_object(job_.get(key), key);
+  auto outcome = j.find("outcome");
+  const std::string o = outcome != j.end() && outcome->is_string() ? outcome->get<std::string>()
+                                                                    : std::string("ended");
+  if (while_waiting) job_.add("g" + std::to_string(generation_) + "/rdzv/closed_seen", 1);
+  throw JobClosedError("the job ended (" + o + ") while this node waited for a round",
+                       o, while_waiting);
+}
+
+std::optional<C10dRound> C10dState::poll() {
+  CTORCHRUN_CHECK(round_ >= 0, "C10dState::poll() before join()");
+  if (job_.check({key("complete")})) {
+    C10dRound r = read_roster(job_.get(key("complete")));
+    if (r.group_rank >= 0) return r;
+    // Left out (the round was full, or completed before this node came
+    // back): wait in the next one.
+    enter_as_newcomer(round_ + 1);
+    running_members_ = static_cast<int>(r.nodes.size());
+    return std::nullopt;
+  }
+  check_closed(true);
+  if (!open_) {
+    const std::string reform_key = round_key(generation_, round_ - 1, "reform");
+    if (!job_.check({reform_key})) {
+      if (running_members_ == 0) {
+        const std::string prev = round_key(generation_, round_ - 1, "complete");
+        if (job_.check({prev})) {
+          auto j = parse_object(job_.get(prev), prev);
+          auto m = j.find("members");
+          if (m != j.end() && m->is_array()) running_members_ = static_cast<int>(m->size());
+        }
+      }
+      return std::nullopt;
+    }
+    // Round round_-1 made way: this round is open. The members of round_-1
+    // not lost are expected back.
+    auto reform = parse_object(job_.get(reform_key), reform_key);
+    auto lost = reform.find("lost");
+    int lost_count = lost != reform.end() && lost->is_array() ? static_cast<int>(lost->size()) : 0;
+    const std::string prev = round_key(generation_, round_ - 1, "complete");
+    auto j = parse_object(job_.get(prev), prev);
+    auto m = j.find("members");
+    int size = m != j.end() && m->is_array() ? static_cast<int>(m->size()) : 0;
+    expected_back_ = std::max(0, size - lost_count);
+    open_ = true;
+  }
+  const int count = static_cast<int>(job_.add(key("count"), 0));
+  const int rejoined = expected_back_ > 0 ? static_cast<int>(job_.add(key("rejoined"), 0)) : 0;
+  const bool all_back = rejoined >= expected_back_;
+  if (count >= settings_.min_nodes) min_seen_ = true;
+  if ((count >= settings_.max_nodes && all_back) ||
+      (expected_back_ > 0 && all_back && count >= settings_.min_nodes)) {
+    try_complete();
+  } else if (count >= settings_.min_nodes) {
+    if (!last_call_since_) last_call_since_ = now_();
+    if (now_() - *last_call_since_ >= timing_.last_call_timeout) try_complete();
+  }
+  if (job_.check({key("complete")})) return poll();
+  return std::nullopt;
+}
+
+std::chrono::milliseconds C10dState::until_last_call() const {
+  if (!last_call_since_) return std::chrono::milliseconds::max();
+  auto left = timing_.last_call_timeout -
+              std::chrono::duration_cast<std::chrono::milliseconds>(now_() - *last_call_since_);
+  return std::max(left, std::chrono::milliseconds(0));
+}
+
+std::string C10dState::wait_key() const {
+  if (!open_) return round_key(generation_, round_ - 1, "reform");
+  return min_seen_ ? key("complete") : key("min");
+}
+
+int C10dState::close(const std::string& outcome) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      wall_now_().time_since_epoch())
+                      .count();
+  job_.compare_set(
+      closed_key(generation_), "",
+      nlohmann::json{{"outcome", outcome}, {"round", round_}, {"closed_at_ms", ms}}.dump());
+  return static_cast<int>(job_.add(round_key(generation_, round_ + 1, "count"), 0));
+}
+
+int C10dState::closed_seen() {
+  return static_cast<int>(job_.add("g" + std::to_string(generation_) + "/rdzv/closed_seen", 0));
+}
+
+void C10dState::mark_finishing() { job_.set(key("finishing"), "1"); }
+
 std::string C10dState::progress() {
-  int joined = round_ >= 0 ? static_cast<int>(job_.add(key("joined"), 0)) : 0;
-  return std::to_string(joined) + " of min " + std::to_string(settings_.min_nodes) + ", max " +
+  int count = round_ >= 0 ? static_cast<int>(job_.add(key("count"), 0)) : 0;
+  return std::to_string(count) + " of min " + std::to_string(settings_.min_nodes) + ", max " +
          std::to_string(settings_.max_nodes) + " nodes joined round " +
          std::to_string(std::max(round_, 0));
+}
+
+// ---------------------------------------------------------------------------
+
+C10dRoundWatch::C10dRoundWatch(store::Store& job, C10dSettings settings, const C10dRound& round,
+                               std::chrono::milliseconds last_call_timeout,
+                               std::function<Clock::time_point()> now)
+    : job_(job),
+      settings_(std::move(settings)),
+      generation_(round.generation),
+      round_(round.round),
+      members_(static_cast<int>(round.nodes.size())),
+      last_call_timeout_(last_call_timeout),
+      now_(std::move(now)),
+      formed_at_(now_()) {}
+
+std::string C10dRoundWatch::key(int round, const std::string& what) const {
+  return C10dState::round_key(generation_, round, what);
+}
+
+MembershipChange C10dRoundWatch::parse(const std::string& raw) const {
+  const std::string k = key(round_, "reform");
+  auto j = parse_object(raw, k);
+  MembershipChange r;
+  auto reason = j.find("reason");
+  auto lost = j.find("lost");
+  if (reason == j.end() || !reason->is_string() || lost == j.end() || !lost->is_array()) {
+    throw ProtocolError("unreadable record at key '" + k + "'");
+  }
+  r.reason = reason->get<std::string>();
+  for (const auto& v : *lost) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= members_) {
+      throw ProtocolError("unreadable record at key '" + k + "': a lost member out of range");
+    }
+    r.lost.push_back(v.get<int>());
+  }
+  return r;
+}
+
+MembershipChange C10dRoundWatch::reform(const std::string& reason, const std::vector<int>& lost) {
+  const std::string mine = nlohmann::json{{"reason", reason}, {"lost", lost}}.dump();
+  return parse(job_.compare_set(key(round_, "reform"), "", mine));
+}
+
+std::optional<MembershipChange> C10dRoundWatch::check() {
+  const std::string k = key(round_, "reform");
+  if (job_.check({k})) return parse(job_.get(k));
+  if (members_ >= settings_.max_nodes || now_() - formed_at_ < last_call_timeout_) {
+    return std::nullopt;
+  }
+  const int64_t waiting = job_.add(key(round_ + 1, "count"), 0);
+  if (waiting <= 0 || job_.check({key(round_, "finishing")})) return std::nullopt;
+  return reform("admitting " + std::to_string(waiting) + " waiting node" +
+                    (waiting == 1 ? "" : "s"),
+                {});
 }
 
 }  // namespace ctorchrun::rendezvous

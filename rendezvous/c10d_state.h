@@ -1,52 +1,83 @@
 #pragma once
 
-// C10dState: the c10d rendezvous state machine, on any store::Store (the
-// endpoint's TCP store, or HashStore in tests). It decides one round: who is
-// in it, in which order, and when it is complete. It never sleeps and never
-// reads a clock other than the injected one; the caller (C10dHandler) drives
-// it: join() once, then poll() until it returns a round, waiting on
-// wait_key() between polls, each wait with a deadline.
+// The c10d rendezvous state machine, on any store::Store (the endpoint's TCP
+// store; HashStore in tests; any store with compare_set, add, append and
+// wait). It never sleeps and reads no clock but the injected ones; the caller
+// (C10dHandler) drives it: join() once, then poll() until it returns a round,
+// waiting on wait_key() between polls, each wait with a deadline. While the
+// round runs, a C10dRoundWatch (on a connection of its own) tells whether it
+// must make way for the next; after that, rejoin() and poll() again.
 //
-// State, under the store the caller passes (the job's namespace,
-// "ctorchrun/<run_id>/"), all keys written with single atomic requests:
+// ## Keys
+// Under the store the caller passes (the job's namespace, "ctorchrun/<id>/"):
 //
-//   rdzv/settings        compare_set by every joining node, first writer wins:
+//   generation           the generation of the id now in use (decimal, moved
+//                        forward by compare_set); its keys are under g<G>/.
+//   g<G>/rdzv/settings   compare_set by every joining node, first writer wins:
 //                        {"nnodes": "MIN:MAX", "max_restarts", "entrypoint"}.
 //                        A node whose settings differ refuses (ConfigError
-//                        naming the setting and both values) and writes nothing
-//                        else.
-//   rdzv/round           ADD counter: the round now forming (absent: 0).
-//   rdzv/<R>/joined      ADD counter: a joining node's result is its arrival
-//                        index i (1-based); its group rank is i-1.
-//   rdzv/<R>/node/<i-1>  the node's record {"local_world_size", "host", "pid",
-//                        "hosts_endpoint"},
-//                        set once by that node right after its ADD.
-//   rdzv/<R>/complete    compare_set once, from "" to the member count C: the
-//                        round is closed to newcomers. Nodes 0..C-1 are its
-//                        members; a node whose index is above C arrived late.
-//   rdzv/<R>/workers_store  {"addr", "port"} of the store group rank 0 hosts
-//                        for the round's workers (set by C10dHandler).
+//                        naming the setting and both values), writing nothing.
+//   g<G>/rdzv/round      a hint: the newest round that completed (set by the
+//                        node that completed it).
+//   g<G>/rdzv/<R>/...    round R:
+//     joined             ADD: a newcomer's arrival index i (its slot "n<i>")
+//     node/<slot>        a node's record {"lws", "host", "pid", "he" (hosts the
+//                        endpoint), "attempt" (the job's restart count it
+//                        carries; 0 for a newcomer)}. Slots: "n<i>" for the
+//                        i-th newcomer, "m<g>" for the member of round R-1
+//                        with group rank g, coming back.
+//     entered            APPEND "<slot>," once the node's record is written
+//     rejoined           ADD: members of R-1 that came back
+//     count              ADD: nodes entered (its result says who made MIN/MAX)
+//     min                set by the node whose count reached MIN: the start of
+//                        every node's last call
+//     claim              compare_set: the node that builds the roster
+//     complete           compare_set once: the roster {"members": [record +
+//                        "slot"]}, in group-rank order. Members of R-1 come
+//                        first in their old order, then newcomers by arrival,
+//                        at most MAX. A node left out enters round R+1 as a
+//                        newcomer (a spare while the job runs at MAX).
+//     reform             compare_set once, by a member of R: round R makes way
+//                        for R+1: {"reason", "lost": [group ranks in R]}. This
+//                        opens R+1; no round R+1 completes before it.
+//     finishing          set by a member whose workers succeeded: the round
+//                        admits nobody any more (re-forming would redo work)
+//   g<G>/rdzv/closed     {"outcome", "round", "closed_at_ms"}: the job ended
+//                        (succeeded, or its restarts ran out). A node arriving
+//                        within `closed_window` of closed_at_ms is refused
+//                        (JobClosedError); after that it moves the id to
+//                        generation G+1, a fresh job.
+//   g<G>/rdzv/closed_seen  ADD by each waiting node that saw `closed`
 //
-// Transitions of round R (no wall-clock comparison across hosts: each node
-// times the last call on its own steady clock):
-//   joined reaches MAX            -> the node that got index MAX sets
-//                                    complete = MAX at once;
-//   a node sees joined >= MIN     -> it starts its own last-call timer; when
-//                                    last_call_timeout has passed on it, it
-//                                    sets complete = joined (compare_set: the
-//                                    first node to do so decides C for all).
-//   So the round completes at most last_call_timeout plus one poll interval
-//   after the MIN-th node joined, even if that node died meanwhile.
+// ## Transitions of round R
+//   open:      R = 0, or rdzv/<R-1>/reform is set.
+//   complete:  when open and one of
+//     - count reached MAX (the node whose ADD returned MAX completes it),
+//     - every member of R-1 not listed as lost has come back and count >= MIN
+//       (the last of them completes it: no last call after a re-formation),
+//     - count >= MIN and last_call_timeout has passed on a node's own steady
+//       clock since it saw rdzv/<R>/min.
+//     Completing = compare_set(claim) then compare_set(complete); a claim
+//     not followed by a roster within claim_timeout is overridden.
+//   reform (C10dRoundWatch, any member):
+//     - admission: nodes wait in round R+1, round R has fewer than MAX
+//       members, nobody is finishing, and last_call_timeout has passed since
+//       this member saw R complete (so at most one admission per last call);
+//     - loss: the caller names the lost members (C10dRoundWatch::reform).
+//   Wall clocks of different hosts are never compared, with one exception
+//   that decides nothing about a running job: closed_at_ms, the closing
+//   node's wall clock, against an arriving node's, to end the closed window.
 //
-// Store requests per node: join() makes 4 (settings, round, joined, record);
-// each poll() 1 while the round forms (2 once MIN is reached and the timer
-// fires); the completed round's records are read with one multi_get (bytes
-// O(N), requests O(1)).
+// ## Cost
+// A newcomer's entry is 4 requests plus the settings' compare_set; a
+// member's return 5; each poll() at most 4; building the roster 3; reading it
+// 1 (bytes O(N)). Waiting is on keys the store wakes, so a poll runs once a
+// slice of the caller, not in a busy loop.
 //
-// Thread safety: one C10dState per node and thread. Errors: ConfigError
-// (settings differ), RendezvousClosedError (the node arrived after the round
-// completed or beyond MAX: this version admits no node into a formed round),
-// ProtocolError (a record it cannot read), and whatever the store throws.
+// Thread safety: one C10dState per node, used by one thread at a time.
+// Errors: ConfigError (settings differ), JobClosedError (the job ended),
+// ProtocolError (a record it cannot read), InternalError (misuse), and
+// whatever the store throws.
 
 #include <chrono>
 #include <functional>
@@ -54,6 +85,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "rendezvous/handler.h"
 #include "store/store.h"
 
@@ -67,47 +99,152 @@ struct C10dSettings {
 };
 
 struct C10dRound {
+  int generation = 0;
   int round = 0;
   int group_rank = 0;
   std::vector<NodeInfo> nodes;  // indexed by group rank
+  // The job's restart count when this round starts: the highest any member
+  // carries (newcomers carry none).
+  int attempt = 0;
+};
+
+// The job this node tried to join has ended.
+class JobClosedError : public RendezvousClosedError {
+ public:
+  JobClosedError(const std::string& what, std::string outcome, bool while_waiting)
+      : RendezvousClosedError(what), outcome_(std::move(outcome)), while_waiting_(while_waiting) {}
+  const std::string& outcome() const { return outcome_; }
+  // True: this node waited (a spare, or to be admitted) when the job ended.
+  // False: it arrived after the end, within the closed window.
+  bool while_waiting() const { return while_waiting_; }
+
+ private:
+  std::string outcome_;
+  bool while_waiting_;
+};
+
+struct C10dTiming {
+  std::chrono::milliseconds last_call_timeout{30'000};
+  // How long after closing an arriving node is refused (join_timeout).
+  std::chrono::milliseconds closed_window{600'000};
+  // How long a claim may go without a roster before another node builds it.
+  std::chrono::milliseconds claim_timeout{10'000};
 };
 
 class C10dState {
  public:
   using Clock = std::chrono::steady_clock;
+  using WallClock = std::chrono::system_clock;
 
-  C10dState(store::Store& job, C10dSettings settings, NodeInfo me,
-            std::chrono::milliseconds last_call_timeout,
-            std::function<Clock::time_point()> now = Clock::now);
+  C10dState(store::Store& job, C10dSettings settings, NodeInfo me, C10dTiming timing,
+            std::function<Clock::time_point()> now = Clock::now,
+            std::function<WallClock::time_point()> wall_now = WallClock::now);
 
-  // Checks the job's settings and takes an arrival index in the round now
-  // forming. Call once.
+  // Finds the id's generation (refusing a job closed within the window),
+  // checks the settings and enters the round now forming as a newcomer.
+  // Call once.
   void join();
 
-  // One step: returns the round once it is complete (and this node in it).
+  // After `previous` (this node's round) was re-formed: enters the next round
+  // as that round's member, carrying `attempt` (the job's restart count).
+  // `lost` are the members of `previous` not expected back.
+  void rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost);
+
+  // One step: the round once it is complete with this node in it. A node left
+  // out moves to the next round (spare() tells whether it waits for a running
+  // job). Throws JobClosedError when the job ends meanwhile.
   std::optional<C10dRound> poll();
 
-  // The key whose appearance completes the round: wait on it between polls.
+  // The key whose appearance is the next event: wait on it between polls.
   std::string wait_key() const;
+
+  // True while this node waits for a round that is not open: the job runs
+  // with MAX nodes, or re-forms only at its next admission.
+  bool waiting() const { return !open_; }
+  // True while it waits and the running round has MAX nodes.
+  bool spare() const { return !open_ && running_members_ >= settings_.max_nodes; }
+  // How long until this node's last call ends (max() when none runs).
+  std::chrono::milliseconds until_last_call() const;
+
+  // Marks the job ended (first caller's outcome wins); later arrivals are
+  // refused for closed_window. Returns how many nodes wait for a round
+  // (spares) at that moment.
+  int close(const std::string& outcome);
+  // How many waiting nodes have seen the job's end.
+  int closed_seen();
+
+  // Marks the running round (after poll returned it) finishing: no admission
+  // re-forms it.
+  void mark_finishing();
 
   // "2 of min 3, max 4 nodes joined round 0": for messages.
   std::string progress();
 
+  int generation() const { return generation_; }
   int round() const { return round_; }
-  int arrival_index() const { return index_; }
+  const std::string& slot() const { return slot_; }
+
+  // "g<G>/rdzv/<R>/<what>".
+  static std::string round_key(int generation, int round, const std::string& what);
+  static std::string closed_key(int generation);
 
  private:
-  std::string key(const std::string& what) const;
-  C10dRound read_round(int members);
+  std::string key(const std::string& what) const { return round_key(generation_, round_, what); }
+  void check_settings();
+  void enter_as_newcomer(int round);
+  void enter(const std::string& slot, int attempt);
+  std::string record_json(int attempt) const;
+  // Claims and builds round_'s roster, unless another node holds a fresh claim.
+  void try_complete();
+  C10dRound read_roster(const std::string& raw);
+  void check_closed(bool while_waiting);
 
   store::Store& job_;
   C10dSettings settings_;
   NodeInfo me_;
+  C10dTiming timing_;
+  std::function<Clock::time_point()> now_;
+  std::function<WallClock::time_point()> wall_now_;
+
+  int generation_ = 0;
+  int round_ = -1;
+  std::string slot_;
+  int expected_back_ = 0;  // members of round_-1 expected to come back (0: a newcomer)
+  bool open_ = false;
+  int running_members_ = 0;  // members of the running round round_-1, when known
+  bool min_seen_ = false;
+  std::optional<Clock::time_point> last_call_since_;
+  std::optional<Clock::time_point> claim_seen_at_;
+  bool settings_checked_ = false;
+};
+
+// Watches a running round for the need to re-form, from the agent's monitor
+// thread, on a store connection of its own. check() costs at most 3 requests.
+class C10dRoundWatch {
+ public:
+  using Clock = C10dState::Clock;
+  C10dRoundWatch(store::Store& job, C10dSettings settings, const C10dRound& round,
+                 std::chrono::milliseconds last_call_timeout,
+                 std::function<Clock::time_point()> now = Clock::now);
+
+  // The reform of the round once set (by this node or another), after
+  // setting it for an admission that is due.
+  std::optional<MembershipChange> check();
+  // Re-forms the round without `lost` (first writer wins; returns the winner).
+  MembershipChange reform(const std::string& reason, const std::vector<int>& lost);
+
+ private:
+  std::string key(int round, const std::string& what) const;
+  MembershipChange parse(const std::string& raw) const;
+
+  store::Store& job_;
+  C10dSettings settings_;
+  int generation_;
+  int round_;
+  int members_;
   std::chrono::milliseconds last_call_timeout_;
   std::function<Clock::time_point()> now_;
-  int round_ = -1;
-  int index_ = 0;  // 1-based arrival index in round_
-  std::optional<Clock::time_point> last_call_since_;
+  Clock::time_point formed_at_;
 };
 
 }  // namespace ctorchrun::rendezvous

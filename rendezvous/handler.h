@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "store/store.h"
 
 namespace ctorchrun::rendezvous {
@@ -21,6 +22,12 @@ struct NodeInfo {
   std::string host;
   int pid = 0;
   bool hosts_endpoint = false;  // c10d: this node's agent hosts the endpoint's store
+};
+
+// Why a running round gives way to the next (c10d).
+struct MembershipChange {
+  std::string reason;
+  std::vector<int> lost;  // group ranks of the round not expected back
 };
 
 struct RendezvousInfo {
@@ -47,6 +54,21 @@ struct RendezvousInfo {
   // sets it apart: the endpoint's host leaves last, while group rank 0 hosts
   // the workers' store.
   std::optional<bool> store_host;
+
+  // Elastic backends (c10d); empty for the static one.
+  // The job's restart count this round starts at (the next attempt).
+  int attempt = 0;
+  // From the agent's monitor thread, on a connection of its own: whether the
+  // round must give way (set by this node for an admission that is due, or by
+  // another). Throws what the store throws.
+  std::function<std::optional<MembershipChange>()> check_membership;
+  // Re-forms the round without `lost` (first writer wins: returns the change
+  // that did). Same thread and connection as check_membership.
+  std::function<MembershipChange(const std::string& reason, const std::vector<int>& lost)> reform;
+  // This node's workers succeeded: the round admits nobody any more.
+  std::function<void()> mark_finishing;
+  // The job ended ("succeeded" or "failed"): closes the rendezvous id.
+  std::function<void(const std::string& outcome)> close;
 };
 
 class Handler {
@@ -56,6 +78,13 @@ class Handler {
   // node joined in time; the message names the endpoint and who is missing),
   // IoError (cannot host or reach the store), ConfigError (nodes disagree).
   virtual RendezvousInfo next_rendezvous() = 0;
+  // After the round from the last call gave way (`change`): joins the next
+  // round, carrying the job's restart count `attempt`. Elastic backends only.
+  virtual RendezvousInfo next_round(const MembershipChange& change, int attempt) {
+    (void)change;
+    (void)attempt;
+    throw InternalError("this rendezvous backend has no later rounds");
+  }
   virtual const std::string& run_id() const = 0;
 };
 

@@ -137,12 +137,13 @@ TEST_CASE("issue 10: two agents with --nnodes=2 under c10d form one job and fini
   CHECK(master_ports.size() == 1);
   // Exactly one of the two agents hosts the endpoint's store.
   CHECK(count_lines_with(outa + outb, "hosting the rendezvous store") == 1);
-  // Each agent's events: its own node_joined, and one round_complete naming
-  // both members and the node that hosts the endpoint's store.
+  // Each agent's events: a node_joined for each node new in the round (both,
+  // in round 0), and one round_complete naming both members and the node
+  // that hosts the endpoint's store.
   for (const std::string name : {"a", "b"}) {
     const std::string events = read_file(d.file("events_" + name));
     INFO(events);
-    CHECK(count_lines_with(events, "\"event\":\"node_joined\"") == 1);
+    CHECK(count_lines_with(events, "\"event\":\"node_joined\"") == 2);
     CHECK(count_lines_with(events, "\"event\":\"round_complete\"") == 1);
     std::istringstream in(events);
     for (std::string line; std::getline(in, line);) {

@@ -162,7 +162,7 @@ TEST_CASE("C10dHandler: the endpoint's store lost while the round forms ends the
   });
   // Readiness: the node has joined round 0.
   auto c = client(port);
-  c->wait({"ctorchrun/job/rdzv/0/node/0"}, 10s);
+  c->wait({"ctorchrun/job/g0/rdzv/0/node/n1"}, 10s);
   server.reset();
   t.join();
   REQUIRE(error.has_value());

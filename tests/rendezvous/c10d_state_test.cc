@@ -1,6 +1,7 @@
-// C10dState against HashStore with a manual clock: joins, last call,
-// completion at MAX, late arrivals, disagreeing settings, and the number of
-// store requests per node. No sleeps: time moves only when a test moves it.
+// C10dState and C10dRoundWatch against HashStore with manual clocks: joins,
+// last call, completion at MAX, late joiners and batching, spares, closing
+// and reuse, racing writers, disagreeing settings, and the number of store
+// requests per node. No sleeps: time moves only when a test moves it.
 
 #include "rendezvous/c10d_state.h"
 
@@ -16,16 +17,35 @@
 using namespace ctorchrun;
 using namespace std::chrono_literals;
 using rendezvous::C10dSettings;
+using rendezvous::C10dRound;
+using rendezvous::C10dRoundWatch;
 using rendezvous::C10dState;
+using rendezvous::JobClosedError;
 
 namespace {
 
 struct ManualClock {
   C10dState::Clock::time_point t{};
+  C10dState::WallClock::time_point wall{std::chrono::hours(24 * 365 * 50)};
   std::function<C10dState::Clock::time_point()> fn() {
     return [this] { return t; };
   }
+  std::function<C10dState::WallClock::time_point()> wall_fn() {
+    return [this] { return wall; };
+  }
+  void advance(std::chrono::milliseconds d) {
+    t += d;
+    wall += d;
+  }
 };
+
+rendezvous::C10dTiming timing(std::chrono::milliseconds last_call,
+                              std::chrono::milliseconds window = 600s) {
+  rendezvous::C10dTiming t;
+  t.last_call_timeout = last_call;
+  t.closed_window = window;
+  return t;
+}
 
 // Forwards to a HashStore and counts the requests.
 class CountingStore : public store::Store {
@@ -72,6 +92,14 @@ rendezvous::NodeInfo node(const std::string& host, int lws = 1, int pid = 100) {
   return n;
 }
 
+// A node of a test: its state machine on the shared store and the manual clock.
+struct Node {
+  Node(store::Store& s, ManualClock& clock, C10dSettings set, const std::string& host,
+       std::chrono::milliseconds last_call = 1s, int lws = 1, int pid = 100)
+      : state(s, set, node(host, lws, pid), timing(last_call), clock.fn(), clock.wall_fn()) {}
+  C10dState state;
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -80,8 +108,8 @@ TEST_CASE(
     "[unit]") {
   store::HashStore hs;
   ManualClock clock;
-  C10dState a(hs, settings(2, 2), node("a", 2, 11), 30s, clock.fn());
-  C10dState b(hs, settings(2, 2), node("b", 3, 22), 30s, clock.fn());
+  C10dState a(hs, settings(2, 2), node("a", 2, 11), timing(30s), clock.fn(), clock.wall_fn());
+  C10dState b(hs, settings(2, 2), node("b", 3, 22), timing(30s), clock.fn(), clock.wall_fn());
   a.join();
   CHECK_FALSE(a.poll().has_value());
   b.join();
@@ -91,6 +119,8 @@ TEST_CASE(
   REQUIRE(rb.has_value());
   CHECK(ra->group_rank == 0);
   CHECK(rb->group_rank == 1);
+  CHECK(ra->round == 0);
+  CHECK(ra->attempt == 0);
   REQUIRE(ra->nodes.size() == 2);
   CHECK(ra->nodes[0].host == "a");
   CHECK(ra->nodes[0].local_world_size == 2);
@@ -98,87 +128,293 @@ TEST_CASE(
   CHECK(ra->nodes[1].host == "b");
   CHECK(ra->nodes[1].local_world_size == 3);
   CHECK(rb->nodes[1].pid == 22);
-  CHECK(hs.check({"rdzv/0/complete"}));
+  CHECK(hs.check({"g0/rdzv/0/complete"}));
 }
 
 TEST_CASE("C10dState: MIN:MAX completes after last_call_timeout on the waiting node's clock",
           "[unit]") {
   store::HashStore hs;
   ManualClock clock;
-  C10dState a(hs, settings(2, 4), node("a"), 30s, clock.fn());
-  C10dState b(hs, settings(2, 4), node("b"), 30s, clock.fn());
-  a.join();
-  CHECK_FALSE(a.poll().has_value());  // below MIN: no timer yet
-  clock.t += 100s;                    // time below MIN does not count
-  CHECK_FALSE(a.poll().has_value());
-  b.join();
-  CHECK_FALSE(a.poll().has_value());  // MIN reached: last call starts now
-  CHECK_FALSE(b.poll().has_value());
-  clock.t += 29s;
-  CHECK_FALSE(a.poll().has_value());
-  clock.t += 1s;
-  auto ra = a.poll();
-  REQUIRE(ra.has_value());
-  CHECK(ra->nodes.size() == 2);
-  auto rb = b.poll();  // reads the count a decided
-  REQUIRE(rb.has_value());
-  CHECK(rb->group_rank == 1);
-  CHECK(rb->nodes.size() == 2);
+  Node a(hs, clock, settings(2, 4), "a", 30s);
+  Node b(hs, clock, settings(2, 4), "b", 30s);
+  a.state.join();
+  CHECK_FALSE(a.state.poll().has_value());
+  clock.advance(60s);  // alone: no last call runs
+  CHECK_FALSE(a.state.poll().has_value());
+  b.state.join();
+  CHECK_FALSE(a.state.poll().has_value());  // last call starts now
+  clock.advance(29s);
+  CHECK_FALSE(a.state.poll().has_value());
+  CHECK(a.state.until_last_call() == 1s);
+  clock.advance(1s);
+  auto r = a.state.poll();
+  REQUIRE(r.has_value());
+  CHECK(r->nodes.size() == 2);
+  REQUIRE(b.state.poll().has_value());
 }
 
 TEST_CASE("C10dState: a node joining during last call is in the round", "[unit]") {
   store::HashStore hs;
   ManualClock clock;
-  C10dState a(hs, settings(1, 3), node("a"), 10s, clock.fn());
-  C10dState b(hs, settings(1, 3), node("b"), 10s, clock.fn());
-  a.join();
-  CHECK_FALSE(a.poll().has_value());
-  clock.t += 5s;
-  b.join();
-  CHECK_FALSE(b.poll().has_value());
-  clock.t += 5s;
-  auto ra = a.poll();
-  REQUIRE(ra.has_value());
-  CHECK(ra->nodes.size() == 2);
-  REQUIRE(b.poll().has_value());
+  Node a(hs, clock, settings(1, 3), "a", 10s);
+  Node b(hs, clock, settings(1, 3), "b", 10s);
+  a.state.join();
+  CHECK_FALSE(a.state.poll().has_value());
+  clock.advance(5s);
+  b.state.join();
+  clock.advance(5s);
+  auto r = a.state.poll();
+  REQUIRE(r.has_value());
+  CHECK(r->nodes.size() == 2);
+  auto rb = b.state.poll();
+  REQUIRE(rb.has_value());
+  CHECK(rb->group_rank == 1);
 }
 
 TEST_CASE("C10dState: the round completes at MAX without waiting for last call", "[unit]") {
   store::HashStore hs;
   ManualClock clock;
-  std::vector<std::unique_ptr<C10dState>> nodes;
+  std::vector<std::unique_ptr<Node>> nodes;
   for (int i = 0; i < 3; ++i) {
-    nodes.push_back(std::make_unique<C10dState>(hs, settings(1, 3), node("h" + std::to_string(i)),
-                                                600s, clock.fn()));
-    nodes.back()->join();
+    nodes.push_back(std::make_unique<Node>(hs, clock, settings(1, 3), "h" + std::to_string(i),
+                                           3600s));
+    nodes.back()->state.join();
   }
-  for (int i = 0; i < 3; ++i) {
-    auto r = nodes[static_cast<size_t>(i)]->poll();
-    REQUIRE(r.has_value());
-    CHECK(r->group_rank == i);
-    CHECK(r->nodes.size() == 3);
-  }
-  CHECK(hs.get("rdzv/0/complete") == "3");
+  for (auto& n : nodes) REQUIRE(n->state.poll().has_value());
 }
 
-TEST_CASE("C10dState: a node arriving after the round completed, or beyond MAX, is refused",
+TEST_CASE(
+    "C10dState: a late joiner waits, the members re-form after last call and it comes after "
+    "them, with the job's restart count",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 3), "a", 5s);
+  Node b(hs, clock, settings(1, 3), "b", 5s);
+  a.state.join();
+  a.state.poll();
+  clock.advance(5s);
+  auto r0 = a.state.poll();
+  REQUIRE(r0.has_value());
+  CHECK(r0->nodes.size() == 1);
+  C10dRoundWatch watch(hs, settings(1, 3), *r0, 5s, clock.fn());
+  CHECK_FALSE(watch.check().has_value());  // nobody waits
+
+  b.state.join();
+  CHECK_FALSE(b.state.poll().has_value());
+  CHECK(b.state.waiting());
+  CHECK_FALSE(b.state.spare());
+  CHECK(b.state.wait_key() == "g0/rdzv/0/reform");
+  clock.advance(5s);
+  auto change = watch.check();
+  REQUIRE(change.has_value());
+  CHECK(change->reason == "admitting 1 waiting node");
+  CHECK(change->lost.empty());
+
+  // The member comes back carrying restart count 2: no last call now.
+  a.state.rejoin(*r0, 2, change->lost);
+  auto r1a = a.state.poll();
+  auto r1b = b.state.poll();
+  REQUIRE(r1a.has_value());
+  REQUIRE(r1b.has_value());
+  CHECK(r1a->round == 1);
+  CHECK(r1a->group_rank == 0);
+  CHECK(r1b->group_rank == 1);
+  CHECK(r1b->nodes[0].host == "a");
+  CHECK(r1b->attempt == 2);  // the newcomer takes the job's count
+  CHECK(r1a->attempt == 2);
+}
+
+TEST_CASE("C10dState: admissions are batched, at most one re-formation per last call",
           "[unit]") {
   store::HashStore hs;
   ManualClock clock;
-  C10dState a(hs, settings(1, 2), node("a"), 1s, clock.fn());
-  a.join();
-  a.poll();
-  clock.t += 1s;
-  REQUIRE(a.poll().has_value());  // complete with one node
-  C10dState late(hs, settings(1, 2), node("late"), 1s, clock.fn());
-  late.join();
-  CHECK_THROWS_AS(late.poll(), RendezvousClosedError);
+  Node a(hs, clock, settings(1, 4), "a", 10s);
+  a.state.join();
+  a.state.poll();
+  clock.advance(10s);
+  auto r0 = a.state.poll();
+  REQUIRE(r0);
+  clock.advance(60s);
+  C10dRoundWatch watch0(hs, settings(1, 4), *r0, 10s, clock.fn());
+  clock.advance(10s);
+  Node b(hs, clock, settings(1, 4), "b", 10s);
+  b.state.join();
+  auto change = watch0.check();
+  REQUIRE(change);
+  a.state.rejoin(*r0, 0, {});
+  auto r1 = a.state.poll();
+  REQUIRE(r1);
+  REQUIRE(b.state.poll());
+  // A third node right after: it waits until last call has passed since
+  // round 1 formed, then both rounds' newcomers so far come in at once.
+  C10dRoundWatch watch1(hs, settings(1, 4), *r1, 10s, clock.fn());
+  Node c(hs, clock, settings(1, 4), "c", 10s);
+  Node d(hs, clock, settings(1, 4), "d", 10s);
+  c.state.join();
+  CHECK_FALSE(watch1.check().has_value());
+  clock.advance(5s);
+  d.state.join();
+  CHECK_FALSE(watch1.check().has_value());
+  clock.advance(5s);
+  auto change1 = watch1.check();
+  REQUIRE(change1);
+  CHECK(change1->reason == "admitting 2 waiting nodes");
+}
 
-  store::HashStore full;
-  C10dState x(full, settings(1, 1), node("x"), 1s, clock.fn());
-  x.join();
-  C10dState y(full, settings(1, 1), node("y"), 1s, clock.fn());
-  CHECK_THROWS_AS(y.join(), RendezvousClosedError);
+TEST_CASE(
+    "C10dState: a node beyond MAX is a spare until the job ends, then learns it while waiting",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 2), "a", 1s);
+  Node b(hs, clock, settings(1, 2), "b", 1s);
+  a.state.join();
+  b.state.join();
+  auto r0 = a.state.poll();
+  REQUIRE(r0);
+  REQUIRE(b.state.poll());
+  Node c(hs, clock, settings(1, 2), "c", 1s);
+  c.state.join();
+  CHECK_FALSE(c.state.poll().has_value());
+  CHECK(c.state.spare());
+  C10dRoundWatch watch(hs, settings(1, 2), *r0, 1s, clock.fn());
+  clock.advance(1h);
+  CHECK_FALSE(watch.check().has_value());  // no room: no re-formation
+  CHECK_FALSE(c.state.poll().has_value());
+
+  CHECK(a.state.close("succeeded") == 1);  // one node waits
+  try {
+    c.state.poll();
+    FAIL("the spare did not see the end");
+  } catch (const JobClosedError& e) {
+    CHECK(e.while_waiting());
+    CHECK(e.outcome() == "succeeded");
+  }
+  CHECK(a.state.closed_seen() == 1);
+}
+
+TEST_CASE("C10dState: a lost member's place goes to a spare; the survivors keep their order",
+          "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  std::vector<std::unique_ptr<Node>> n;
+  for (const char* h : {"a", "b", "c"}) {
+    n.push_back(std::make_unique<Node>(hs, clock, settings(2, 3), h, 30s));
+    n.back()->state.join();
+  }
+  std::vector<C10dRound> r0;
+  for (auto& x : n) r0.push_back(*x->state.poll());
+  Node spare(hs, clock, settings(2, 3), "s", 30s);
+  spare.state.join();
+  CHECK_FALSE(spare.state.poll().has_value());
+  CHECK(spare.state.spare());
+
+  // Member 1 ("b") is lost; two racing survivors re-form, one change wins.
+  C10dRoundWatch w0(hs, settings(2, 3), r0[0], 30s, clock.fn());
+  C10dRoundWatch w2(hs, settings(2, 3), r0[2], 30s, clock.fn());
+  auto first = w2.reform("node 1 lost", {1});
+  auto second = w0.reform("another reason", {0});
+  CHECK(second.reason == "node 1 lost");
+  CHECK(second.lost == std::vector<int>{1});
+  REQUIRE(w0.check());
+
+  n[2]->state.rejoin(r0[2], 0, first.lost);
+  CHECK_FALSE(n[2]->state.poll().has_value());  // "a" is expected back
+  n[0]->state.rejoin(r0[0], 0, first.lost);     // the last survivor: complete at once
+  auto ra = n[0]->state.poll();
+  REQUIRE(ra);
+  REQUIRE(ra->nodes.size() == 3);
+  CHECK(ra->nodes[0].host == "a");
+  CHECK(ra->nodes[1].host == "c");
+  CHECK(ra->nodes[2].host == "s");
+  auto rs = spare.state.poll();
+  REQUIRE(rs);
+  CHECK(rs->group_rank == 2);
+}
+
+TEST_CASE(
+    "C10dState: a member that does not come back within last call is left out and waits as a "
+    "newcomer",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 3), "a", 2s);
+  Node b(hs, clock, settings(1, 3), "b", 2s);
+  a.state.join();
+  b.state.join();
+  a.state.poll();
+  clock.advance(2s);
+  auto r0a = a.state.poll();
+  auto r0b = b.state.poll();
+  REQUIRE(r0a);
+  REQUIRE(r0b);
+  C10dRoundWatch w(hs, settings(1, 3), *r0a, 2s, clock.fn());
+  w.reform("test", {});
+  a.state.rejoin(*r0a, 0, {});
+  CHECK_FALSE(a.state.poll().has_value());  // b is expected back
+  clock.advance(2s);
+  auto r1 = a.state.poll();  // last call over: without b
+  REQUIRE(r1);
+  CHECK(r1->nodes.size() == 1);
+  b.state.rejoin(*r0b, 0, {});
+  CHECK_FALSE(b.state.poll().has_value());
+  CHECK(b.state.round() == 2);  // a newcomer of the next round
+  CHECK(b.state.waiting());
+}
+
+TEST_CASE("C10dState: a round whose workers finish admits nobody", "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 2), "a", 1s);
+  a.state.join();
+  a.state.poll();
+  clock.advance(1s);
+  auto r0 = a.state.poll();
+  REQUIRE(r0);
+  C10dRoundWatch w(hs, settings(1, 2), *r0, 1s, clock.fn());
+  a.state.mark_finishing();
+  Node b(hs, clock, settings(1, 2), "b", 1s);
+  b.state.join();
+  clock.advance(10s);
+  CHECK_FALSE(w.check().has_value());
+}
+
+TEST_CASE(
+    "C10dState: an id closed within the window is refused at once; after it the id is a new "
+    "job",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  C10dState a(hs, settings(1, 1), node("a"), timing(1s, 600s), clock.fn(), clock.wall_fn());
+  a.join();
+  REQUIRE(a.poll());
+  a.close("failed");
+  clock.advance(599s);
+  C10dState early(hs, settings(1, 1), node("b"), timing(1s, 600s), clock.fn(), clock.wall_fn());
+  try {
+    early.join();
+    FAIL("joined a closed job");
+  } catch (const JobClosedError& e) {
+    CHECK_FALSE(e.while_waiting());
+    CHECK(e.outcome() == "failed");
+    CHECK_THAT(e.what(), Catch::Contains("ended (failed) 599s ago"));
+    CHECK_THAT(e.what(), Catch::Contains("another --rdzv_id"));
+  }
+  CHECK_FALSE(hs.check({"g0/rdzv/0/node/n2"}));  // the refused node wrote nothing
+  clock.advance(1s);
+  // Other settings are fine: it is another job.
+  C10dState later(hs, settings(1, 2, 4, "new.py"), node("c"), timing(1s, 600s), clock.fn(),
+                  clock.wall_fn());
+  later.join();
+  CHECK(later.generation() == 1);
+  later.poll();
+  clock.advance(1s);
+  auto r = later.poll();
+  REQUIRE(r);
+  CHECK(r->round == 0);
+  CHECK(r->group_rank == 0);
+  CHECK(hs.get("generation") == "1");
 }
 
 TEST_CASE(
@@ -187,12 +423,12 @@ TEST_CASE(
     "[unit]") {
   store::HashStore hs;
   ManualClock clock;
-  C10dState first(hs, settings(2, 2, 3, "train.py"), node("a"), 1s, clock.fn());
-  first.join();
+  Node first(hs, clock, settings(2, 2, 3, "train.py"), "a");
+  first.state.join();
   auto refuse = [&](C10dSettings s, const std::string& what) {
-    C10dState other(hs, s, node("b"), 1s, clock.fn());
+    Node other(hs, clock, s, "b");
     try {
-      other.join();
+      other.state.join();
       FAIL("joined despite different settings");
     } catch (const ConfigError& e) {
       CHECK_THAT(e.what(), Catch::Contains(what));
@@ -206,7 +442,7 @@ TEST_CASE(
          "(b) has 1");
   refuse(settings(2, 2, 3, "other.py"), "--entrypoint: the job's first node has train.py");
   // The refused nodes took no arrival index.
-  CHECK(hs.add("rdzv/0/joined", 0) == 1);
+  CHECK(hs.add("g0/rdzv/0/joined", 0) == 1);
 }
 
 TEST_CASE("C10dState: store requests per node are bounded by a constant, whatever the size",
@@ -218,13 +454,13 @@ TEST_CASE("C10dState: store requests per node are bounded by a constant, whateve
     std::vector<std::unique_ptr<C10dState>> nodes;
     for (int i = 0; i < n; ++i) {
       stores.push_back(std::make_unique<CountingStore>(hs));
-      nodes.push_back(
-          std::make_unique<C10dState>(*stores.back(), settings(n, n), node("h"), 1s, clock.fn()));
+      nodes.push_back(std::make_unique<C10dState>(*stores.back(), settings(n, n), node("h"),
+                                                  timing(1s), clock.fn(), clock.wall_fn()));
     }
     for (auto& s : nodes) s->join();
     for (size_t i = 0; i < nodes.size(); ++i) {
       REQUIRE(nodes[i]->poll().has_value());
-      CHECK(stores[i]->requests <= 8);
+      CHECK(stores[i]->requests <= 20);
     }
   }
 }
@@ -239,7 +475,7 @@ TEST_CASE("C10dState: racing joiners on threads get distinct ranks and one membe
   for (int i = 0; i < kNodes; ++i) {
     threads.emplace_back([&, i] {
       try {
-        C10dState s(hs, settings(kNodes, kNodes), node("h" + std::to_string(i)), 1s);
+        C10dState s(hs, settings(kNodes, kNodes), node("h" + std::to_string(i)), timing(1s));
         s.join();
         for (int step = 0; step < 1000; ++step) {
           if (auto r = s.poll()) {
@@ -247,7 +483,10 @@ TEST_CASE("C10dState: racing joiners on threads get distinct ranks and one membe
             sizes[static_cast<size_t>(i)] = r->nodes.size();
             return;
           }
-          hs.wait({s.wait_key()}, 1000ms);
+          try {
+            hs.wait({s.wait_key()}, 1000ms);
+          } catch (const TimeoutError&) {
+          }
         }
         errors[static_cast<size_t>(i)] = "no round after 1000 polls";
       } catch (const std::exception& e) {
@@ -270,12 +509,35 @@ TEST_CASE("C10dState: two run ids on one store do not see each other", "[unit]")
   store::PrefixStore one("ctorchrun/one", hs);
   store::PrefixStore two("ctorchrun/two", hs);
   ManualClock clock;
-  C10dState a(one, settings(1, 1), node("a"), 1s, clock.fn());
-  C10dState b(two, settings(2, 2, 5, "x.py"), node("b"), 1s, clock.fn());
-  a.join();
-  b.join();  // different settings, different job: no refusal
-  auto r = a.poll();
+  Node a(one, clock, settings(1, 1), "a");
+  Node b(two, clock, settings(2, 2, 5, "x.py"), "b");
+  a.state.join();
+  b.state.join();  // different settings, different job: no refusal
+  auto r = a.state.poll();
   REQUIRE(r.has_value());
   CHECK(r->nodes.size() == 1);
-  CHECK_FALSE(b.poll().has_value());
+  CHECK_FALSE(b.state.poll().has_value());
+}
+
+TEST_CASE("C10dState: an unreadable roster or reform record is a protocol error naming the key",
+          "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(2, 2), "a");
+  a.state.join();
+  hs.set("g0/rdzv/0/complete", "{\"members\": [{\"slot\": \"n1\", \"host\": 7}]}");
+  try {
+    a.state.poll();
+    FAIL("read a bad roster");
+  } catch (const ProtocolError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("g0/rdzv/0/complete"));
+  }
+  store::HashStore hs2;
+  Node b(hs2, clock, settings(1, 1), "b");
+  b.state.join();
+  auto r = b.state.poll();
+  REQUIRE(r);
+  hs2.set("g0/rdzv/0/reform", "{\"reason\": \"x\", \"lost\": [5]}");
+  C10dRoundWatch w(hs2, settings(1, 1), *r, 1s, clock.fn());
+  CHECK_THROWS_AS(w.check(), ProtocolError);
 }
