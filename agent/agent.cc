@@ -247,8 +247,8 @@ class ElasticAgent::Impl {
   bool temp_log_base_ = false;
   std::string run_dir_;
   int attempt_ = 0;
-  int started_attempt_ = -1;          // the last attempt whose workers started
-  int first_round_of_attempt_ = -1;   // the round in which it started
+  int started_attempt_ = -1;                        // the last attempt whose workers started
+  int first_round_of_attempt_ = -1;                 // the round in which it started
   std::vector<rendezvous::NodeInfo> last_members_;  // of the round before
 
   std::mutex phase_mutex_;
@@ -764,9 +764,9 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
     for (const auto& n : info_.nodes) {
       members.push_back({{"group_rank", n.group_rank}, {"host", n.host}, {"pid", n.pid}});
       if (n.hosts_endpoint) endpoint_host = n.group_rank;
-      const bool before = std::any_of(last_members_.begin(), last_members_.end(), [&](const auto& m) {
-        return m.host == n.host && m.pid == n.pid;
-      });
+      const bool before =
+          std::any_of(last_members_.begin(), last_members_.end(),
+                      [&](const auto& m) { return m.host == n.host && m.pid == n.pid; });
       if (!before) {
         events_.emit("node_joined", attempt_,
                      {{"group_rank", n.group_rank},

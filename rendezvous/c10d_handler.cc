@@ -171,9 +171,10 @@ RendezvousInfo C10dHandler::form() {
                 "for a place in a later round",
                 options_.run_id, options_.max_nodes);
           } else {
-            log->info("rendezvous '{}': the job is running; waiting to be admitted at its next "
-                      "re-formation",
-                      options_.run_id);
+            log->info(
+                "rendezvous '{}': the job is running; waiting to be admitted at its next "
+                "re-formation",
+                options_.run_id);
           }
         }
         was_waiting = true;
@@ -188,8 +189,7 @@ RendezvousInfo C10dHandler::form() {
         next_log = Clock::now() + options_.wait_log_interval;
         log->info("rendezvous '{}': waiting for nodes: {}", options_.run_id, state_->progress());
       }
-      auto slice = std::min(options_.poll_interval,
-                            state_->until_last_call() + milliseconds(1));
+      auto slice = std::min(options_.poll_interval, state_->until_last_call() + milliseconds(1));
       slice = std::clamp(std::min(slice, left_until(deadline)), milliseconds(1),
                          options_.poll_interval);
       try {
@@ -211,8 +211,8 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   auto log = get_logger("rdzv");
   const std::string addr = strip_brackets(options_.endpoint_host);
   // The round's workers' store, on group rank 0.
-  const std::string workers_key = C10dState::round_key(round.generation, round.round,
-                                                       "workers_store");
+  const std::string workers_key =
+      C10dState::round_key(round.generation, round.round, "workers_store");
   std::string workers_addr;
   int workers_port = 0;
   workers_server_.reset();  // the last round's workers are stopped
@@ -244,8 +244,8 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   }
   log->debug("round {}: the workers' store is at {}:{}", round.round, workers_addr, workers_port);
 
-  const std::string round_prefix = job_prefix_ + "/g" + std::to_string(round.generation) + "/r" +
-                                   std::to_string(round.round);
+  const std::string round_prefix =
+      job_prefix_ + "/g" + std::to_string(round.generation) + "/r" + std::to_string(round.round);
   RendezvousInfo info;
   info.store = std::make_shared<store::PrefixStore>(round_prefix, conn_);
   // Background connections make only quick calls: a frozen store shows as a
@@ -320,8 +320,7 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     while (state->closed_seen() < waiting && Clock::now() < until) {
       std::this_thread::sleep_for(milliseconds(50));
     }
-    get_logger("rdzv")->debug("rendezvous '{}': {} waiting nodes told of the end", run_id,
-                              waiting);
+    get_logger("rdzv")->debug("rendezvous '{}': {} waiting nodes told of the end", run_id, waiting);
   };
   return info;
 }

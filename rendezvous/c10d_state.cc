@@ -91,9 +91,9 @@ void C10dState::check_settings() {
     const std::string a = theirs.contains(name) ? text_of(theirs[name]) : std::string("<none>");
     const std::string b = text_of(ours[name]);
     if (a != b) {
-      throw ConfigError(std::string("nodes disagree on --") + name +
-                        ": the job's first node has " + a + ", this node (" + me_.host + ") has " +
-                        b + "; give every node the same value");
+      throw ConfigError(std::string("nodes disagree on --") + name + ": the job's first node has " +
+                        a + ", this node (" + me_.host + ") has " + b +
+                        "; give every node the same value");
     }
   }
 }
@@ -142,8 +142,9 @@ void C10dState::join() {
 }
 
 void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost) {
-  CTORCHRUN_CHECK(settings_checked_ && previous.round == round_ && previous.generation == generation_,
-                  "C10dState::rejoin() of a round this node did not form");
+  CTORCHRUN_CHECK(
+      settings_checked_ && previous.round == round_ && previous.generation == generation_,
+      "C10dState::rejoin() of a round this node did not form");
   int lost_members = 0;
   for (int g = 0; g < static_cast<int>(previous.nodes.size()); ++g) {
     if (g != previous.group_rank && std::find(lost.begin(), lost.end(), g) != lost.end()) {
@@ -288,10 +289,10 @@ void C10dState::check_closed(bool while_waiting) {
   auto j = parse_object(job_.get(key), key);
   auto outcome = j.find("outcome");
   const std::string o = outcome != j.end() && outcome->is_string() ? outcome->get<std::string>()
-                                                                    : std::string("ended");
+                                                                   : std::string("ended");
   if (while_waiting) job_.add("g" + std::to_string(generation_) + "/rdzv/closed_seen", 1);
-  throw JobClosedError("the job ended (" + o + ") while this node waited for a round",
-                       o, while_waiting);
+  throw JobClosedError("the job ended (" + o + ") while this node waited for a round", o,
+                       while_waiting);
 }
 
 std::optional<C10dRound> C10dState::poll() {
@@ -359,9 +360,8 @@ std::string C10dState::wait_key() const {
 }
 
 int C10dState::close(const std::string& outcome) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      wall_now_().time_since_epoch())
-                      .count();
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(wall_now_().time_since_epoch()).count();
   job_.compare_set(
       closed_key(generation_), "",
       nlohmann::json{{"outcome", outcome}, {"round", round_}, {"closed_at_ms", ms}}.dump());
@@ -431,9 +431,8 @@ std::optional<MembershipChange> C10dRoundWatch::check() {
   }
   const int64_t waiting = job_.add(key(round_ + 1, "count"), 0);
   if (waiting <= 0 || job_.check({key(round_, "finishing")})) return std::nullopt;
-  return reform("admitting " + std::to_string(waiting) + " waiting node" +
-                    (waiting == 1 ? "" : "s"),
-                {});
+  return reform(
+      "admitting " + std::to_string(waiting) + " waiting node" + (waiting == 1 ? "" : "s"), {});
 }
 
 }  // namespace ctorchrun::rendezvous

@@ -1,11 +1,15 @@
 // Regression tests of issue 10: torchrun's multi-node command with
 // --rdzv_backend=c10d. The command line, then real agents on loopback with
-// shell workers.
+// shell workers (and torch workers for the growing world).
 
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "cli/command_line.h"
 #include "tests/cli/parse_support.h"
@@ -315,4 +319,150 @@ TEST_CASE("issue 10: the DDP example on two c10d agents ends with the static bac
   INFO("static: " << static_result << "\nc10d: " << c10d_result);
   REQUIRE_FALSE(digest(static_result).empty());
   CHECK(digest(static_result) == digest(c10d_result));
+}
+
+namespace {
+
+// The subdirectories of the only run directory under `log_dir`.
+std::set<std::string> attempt_dirs(const std::string& log_dir) {
+  std::set<std::string> out;
+  for (const auto& run : std::filesystem::directory_iterator(log_dir)) {
+    for (const auto& a : std::filesystem::directory_iterator(run.path())) {
+      out.insert(a.path().filename().string());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "issue 10: a node joining a running job is admitted without a restart: the world grows, "
+    "it takes the job's restart count, the round logs under attempt_<k>.r<round>",
+    "[multiproc]") {
+  TempDir d;
+  const std::string port = std::to_string(free_port());
+  // Attempt 0 at world 1 fails once (restart 1 of 1 used); after that a
+  // world of 1 waits for the newcomer, and a world of 2 finishes.
+  const std::string body = "echo \"$WORLD_SIZE $RANK $TORCHELASTIC_RESTART_COUNT\" >> " + d.path +
+                           "/seen_$GROUP_RANK; "
+                           "if [ \"$WORLD_SIZE\" = 2 ]; then exit 0; fi; "
+                           "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exit 1; fi; "
+                           "echo x > " +
+                           d.path +
+                           "/waiting; "
+                           "i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; exit 9";
+  auto agent = [&](const std::string& name) {
+    return start_ctorchrun(
+        concat({"--nnodes=1:2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
+                "--rdzv_id=grow", "--max_restarts=1", "--log_dir=" + d.file("logs_" + name),
+                "--events_file=" + d.file("events_" + name),
+                "--rdzv_conf=join_timeout=60,last_call_timeout=1"},
+               sh(body)));
+  };
+  auto a = agent("a");
+  REQUIRE(wait_for_file(d.file("waiting"), 60s));
+  auto b = agent("b");
+  int rca = a->exit_code(60s), rcb = b->exit_code(60s);
+  std::string outa = a->read_all(1s), outb = b->read_all(1s);
+  INFO(outa + "\n----\n" + outb);
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  // Both ranks of the grown world ran with the job's restart count, 1.
+  CHECK(read_file(d.file("seen_0")) == "1 0 0\n1 0 1\n2 0 1\n");
+  CHECK(read_file(d.file("seen_1")) == "2 1 1\n");
+  CHECK(contains(outb, "waiting to be admitted"));
+  CHECK(contains(outa, "round 0 gives way to the next: admitting 1 waiting node"));
+  const std::string events = read_file(d.file("events_a"));
+  CHECK(count_lines_with(events, "\"event\":\"round_gives_way\"") == 1);
+  CHECK(count_lines_with(events, "\"event\":\"restart\"") == 1);      // the failure only
+  CHECK(count_lines_with(events, "\"event\":\"node_joined\"") == 2);  // a, then b
+  CHECK(attempt_dirs(d.file("logs_a")) ==
+        std::set<std::string>{"attempt_0", "attempt_1", "attempt_1.r1"});
+  CHECK(attempt_dirs(d.file("logs_b")) == std::set<std::string>{"attempt_1"});
+}
+
+TEST_CASE("issue 10: a node beyond MAX waits as a spare, says so, and exits 0 when the job ends",
+          "[multiproc]") {
+  TempDir d;
+  const std::string port = std::to_string(free_port());
+  const std::string body = "echo x > " + d.path + "/running; i=0; while [ ! -e " + d.path +
+                           "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+  auto agent = [&] {
+    return start_ctorchrun(
+        concat({"--nnodes=1:1", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
+                "--rdzv_id=spare", "--rdzv_conf=join_timeout=2,last_call_timeout=1"},
+               sh(body)));
+  };
+  auto a = agent();
+  REQUIRE(wait_for_file(d.file("running"), 60s));
+  std::remove(d.file("running").c_str());
+  auto spare = agent();
+  // It waits beyond join_timeout (2 s): the job runs.
+  REQUIRE(wait_for_line(*spare, "waiting as a spare", 30s));
+  CHECK_FALSE(spare->exit_code(3s) == 0);
+  CHECK_FALSE(file_exists(d.file("running")));  // it started no worker
+  std::ofstream(d.file("stop")).close();
+  int rca = a->exit_code(30s), rcs = spare->exit_code(30s);
+  std::string out = a->read_all(1s) + "\n----\n" + spare->read_all(1s);
+  INFO(out);
+  CHECK(rca == 0);
+  CHECK(rcs == 0);
+  CHECK(contains(out, "the job ended (succeeded) while this node waited for a round"));
+}
+
+TEST_CASE(
+    "issue 10: on a standalone store a finished id refuses a node at once (exit 3) within "
+    "join_timeout, then serves a new job",
+    "[multiproc]") {
+  Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
+  const int port = wait_for_listening_port(store, 20s);
+  REQUIRE(port > 0);
+  auto run = [&] {
+    return run_ctorchrun(concat({"--nnodes=1", "--rdzv_backend=c10d",
+                                 "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+                                 "--rdzv_id=once", "--rdzv_conf=join_timeout=3"},
+                                sh("true")),
+                         {}, 30s);
+  };
+  auto first = run();
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto again = run();
+  INFO(again.output);
+  CHECK(again.exit_code == 3);
+  CHECK(contains(again.output, "the job of this --rdzv_id ended (succeeded)"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // at once, not after join_timeout
+  // After the window the id is free: a new job forms and succeeds.
+  std::this_thread::sleep_for(3s);
+  auto later = run();
+  INFO(later.output);
+  CHECK(later.exit_code == 0);
+}
+
+TEST_CASE(
+    "issue 10: torch workers (gloo) of a running c10d job grow from one node to two when a "
+    "node joins",
+    "[torch]") {
+  TempDir d;
+  const std::string port = std::to_string(free_port());
+  const std::string worker = CTORCHRUN_SOURCE_DIR "/tests/torch/elastic_worker.py";
+  auto agent = [&] {
+    return start_ctorchrun(
+        {"--nnodes=1:2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
+         "--rdzv_id=torchgrow", "--max_restarts=0",
+         "--rdzv_conf=join_timeout=120,last_call_timeout=1", worker},
+        {{"ELASTIC_TARGET_WORLD", "2"}});
+  };
+  auto a = agent();
+  REQUIRE(wait_for_line(*a, "JOINED rank=0 world=1", 120s));
+  auto b = agent();
+  int rca = a->exit_code(150s), rcb = b->exit_code(150s);
+  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
+  INFO(out);
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  CHECK(contains(out, "GROWN rank=0 world=2 sum=2 restart=0"));
+  CHECK(contains(out, "GROWN rank=1 world=2 sum=2 restart=0"));
 }

@@ -16,9 +16,9 @@
 
 using namespace ctorchrun;
 using namespace std::chrono_literals;
-using rendezvous::C10dSettings;
 using rendezvous::C10dRound;
 using rendezvous::C10dRoundWatch;
+using rendezvous::C10dSettings;
 using rendezvous::C10dState;
 using rendezvous::JobClosedError;
 
@@ -176,8 +176,8 @@ TEST_CASE("C10dState: the round completes at MAX without waiting for last call",
   ManualClock clock;
   std::vector<std::unique_ptr<Node>> nodes;
   for (int i = 0; i < 3; ++i) {
-    nodes.push_back(std::make_unique<Node>(hs, clock, settings(1, 3), "h" + std::to_string(i),
-                                           3600s));
+    nodes.push_back(
+        std::make_unique<Node>(hs, clock, settings(1, 3), "h" + std::to_string(i), 3600s));
     nodes.back()->state.join();
   }
   for (auto& n : nodes) REQUIRE(n->state.poll().has_value());
@@ -225,8 +225,7 @@ TEST_CASE(
   CHECK(r1a->attempt == 2);
 }
 
-TEST_CASE("C10dState: admissions are batched, at most one re-formation per last call",
-          "[unit]") {
+TEST_CASE("C10dState: admissions are batched, at most one re-formation per last call", "[unit]") {
   store::HashStore hs;
   ManualClock clock;
   Node a(hs, clock, settings(1, 4), "a", 10s);
