@@ -1,0 +1,270 @@
+// ctorch-rdzv-bench: how the c10d rendezvous scales with the number of
+// agents. N agents, each a thread with its own TCP connection to one store
+// (ctorch-store's server, in this process on its own thread), run the real
+// state machine (rendezvous/c10d_state.h) the way C10dHandler drives it:
+// join, then poll and wait on the key the state names, until the round
+// (--nnodes=N:N) is complete with the agent in it.
+//
+//   ctorch-rdzv-bench --agents 64,256,1024 [--runs R]
+//
+// Measured per size: the time from releasing all agents (connected already)
+// to the last one holding the round; store requests per agent (max and
+// median) and bytes per agent (keys and values sent and received; max).
+// The last stdout line is JSON with one object per size.
+
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "rendezvous/c10d_state.h"
+#include "store/prefix_store.h"
+#include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
+
+using namespace ctorchrun;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+// Forwards to a store and counts requests and bytes (keys and values sent,
+// values received).
+class CountingStore : public store::Store {
+ public:
+  explicit CountingStore(store::Store& inner) : inner_(inner) {}
+  int64_t requests = 0;
+  int64_t bytes = 0;
+
+  void set(const std::string& k, const std::string& v) override {
+    count(k.size() + v.size());
+    inner_.set(k, v);
+  }
+  std::string get(const std::string& k) override {
+    auto v = inner_.get(k);
+    count(k.size() + v.size());
+    return v;
+  }
+  int64_t add(const std::string& k, int64_t d) override {
+    count(k.size() + 8);
+    return inner_.add(k, d);
+  }
+  std::string compare_set(const std::string& k, const std::string& e,
+                          const std::string& d) override {
+    auto v = inner_.compare_set(k, e, d);
+    count(k.size() + e.size() + d.size() + v.size());
+    return v;
+  }
+  using Store::wait;
+  void wait(const std::vector<std::string>& k, milliseconds t) override {
+    count(total(k));
+    inner_.wait(k, t);
+  }
+  bool check(const std::vector<std::string>& k) override {
+    count(total(k));
+    return inner_.check(k);
+  }
+  int64_t num_keys() override {
+    count(0);
+    return inner_.num_keys();
+  }
+  bool delete_key(const std::string& k) override {
+    count(k.size());
+    return inner_.delete_key(k);
+  }
+  void append(const std::string& k, const std::string& v) override {
+    count(k.size() + v.size());
+    inner_.append(k, v);
+  }
+  std::vector<std::string> multi_get(const std::vector<std::string>& k) override {
+    auto v = inner_.multi_get(k);
+    count(total(k) + total(v));
+    return v;
+  }
+  void multi_set(const std::vector<std::string>& k, const std::vector<std::string>& v) override {
+    count(total(k) + total(v));
+    inner_.multi_set(k, v);
+  }
+
+ private:
+  void count(size_t b) {
+    ++requests;
+    bytes += static_cast<int64_t>(b);
+  }
+  static size_t total(const std::vector<std::string>& v) {
+    size_t n = 0;
+    for (const auto& s : v) n += s.size();
+    return n;
+  }
+  store::Store& inner_;
+};
+
+struct Result {
+  double seconds = 0;
+  double connect_seconds = 0;
+  int64_t max_requests = 0;
+  int64_t median_requests = 0;
+  int64_t max_bytes = 0;
+  int failures = 0;
+  std::string first_error;
+};
+
+Result run_once(int agents, int run) {
+  store::ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  auto server = store::TcpStoreServer::start(so);
+  const std::string id = "bench" + std::to_string(agents) + "_" + std::to_string(run);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int connected = 0;
+  bool go = false;
+  std::vector<int64_t> requests(static_cast<size_t>(agents)), bytes(static_cast<size_t>(agents));
+  std::vector<Clock::time_point> done(static_cast<size_t>(agents));
+  std::atomic<int> failures{0};
+  std::string first_error;
+  const auto t_connect = Clock::now();
+  Clock::time_point t_go;
+
+  std::vector<std::thread> threads;
+  for (int i = 0; i < agents; ++i) {
+    threads.emplace_back([&, i] {
+      const auto idx = static_cast<size_t>(i);
+      try {
+        store::TcpStoreOptions o;
+        o.host = "127.0.0.1";
+        o.port = server->port();
+        o.timeout = milliseconds(60'000);
+        o.connect_timeout = milliseconds(60'000);
+        auto conn = std::make_shared<store::TcpStore>(o);
+        store::PrefixStore job("ctorchrun/" + id, conn);
+        CountingStore counted(job);
+        rendezvous::NodeInfo me;
+        me.local_world_size = 8;
+        me.host = "node" + std::to_string(i);
+        me.pid = 1000 + i;
+        rendezvous::C10dTiming timing;
+        timing.last_call_timeout = milliseconds(30'000);
+        rendezvous::C10dState state(counted, {agents, agents, 3, "train.py"}, me, timing);
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          ++connected;
+          cv.notify_all();
+          cv.wait(lock, [&] { return go; });
+        }
+        state.join();
+        const auto deadline = Clock::now() + std::chrono::seconds(120);
+        for (;;) {
+          if (state.poll()) break;
+          if (Clock::now() > deadline) throw TimeoutError("no round after 120 s");
+          try {
+            counted.wait({state.wait_key()}, milliseconds(1'000));
+          } catch (const TimeoutError&) {
+          }
+        }
+        done[idx] = Clock::now();
+        requests[idx] = counted.requests;
+        bytes[idx] = counted.bytes;
+      } catch (const std::exception& e) {
+        ++failures;
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.empty()) first_error = e.what();
+        done[idx] = Clock::now();
+      }
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(120), [&] { return connected == agents; });
+    t_go = Clock::now();
+    go = true;
+    cv.notify_all();
+  }
+  for (auto& t : threads) t.join();
+  Result r;
+  r.connect_seconds = std::chrono::duration<double>(t_go - t_connect).count();
+  r.seconds = std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t_go)
+                  .count();
+  r.failures = failures;
+  r.first_error = first_error;
+  std::vector<int64_t> sorted = requests;
+  std::sort(sorted.begin(), sorted.end());
+  r.max_requests = sorted.back();
+  r.median_requests = sorted[sorted.size() / 2];
+  r.max_bytes = *std::max_element(bytes.begin(), bytes.end());
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ctorch-rdzv-bench: c10d rendezvous time and cost against the number of agents"};
+  std::string sizes = "64,256,1024";
+  int runs = 3;
+  app.add_option("--agents", sizes, "comma-separated agent counts");
+  app.add_option("--runs", runs, "runs per size (the median is reported)")
+      ->check(CLI::Range(1, 50));
+  CLI11_PARSE(app, argc, argv);
+
+  // Each agent holds one socket here and the server one: raise the soft limit.
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  nlohmann::json out = nlohmann::json::array();
+  std::stringstream ss(sizes);
+  for (std::string item; std::getline(ss, item, ',');) {
+    int n = 0;
+    try {
+      n = std::stoi(item);
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "--agents: '%s' is not a number\n", item.c_str());
+      return 2;
+    }
+    if (n < 1 || n > 4096) {
+      std::fprintf(stderr, "--agents: %d is outside 1..4096\n", n);
+      return 2;
+    }
+    std::vector<Result> results;
+    for (int r = 0; r < runs; ++r) results.push_back(run_once(n, r));
+    std::vector<double> secs;
+    int failures = 0;
+    for (const auto& r : results) {
+      secs.push_back(r.seconds);
+      failures += r.failures;
+      if (r.failures) std::fprintf(stderr, "%d agents: %s\n", n, r.first_error.c_str());
+    }
+    std::sort(secs.begin(), secs.end());
+    const Result& last = results.back();
+    std::printf(
+        "agents=%d round_s median=%.3f (runs:", n, secs[secs.size() / 2]);
+    for (const auto& r : results) std::printf(" %.3f", r.seconds);
+    std::printf(") requests/agent max=%lld median=%lld bytes/agent max=%lld connect_s=%.3f "
+                "failures=%d\n",
+                static_cast<long long>(last.max_requests),
+                static_cast<long long>(last.median_requests),
+                static_cast<long long>(last.max_bytes), last.connect_seconds, failures);
+    std::fflush(stdout);
+    out.push_back({{"agents", n},
+                   {"round_s_median", secs[secs.size() / 2]},
+                   {"max_requests_per_agent", last.max_requests},
+                   {"median_requests_per_agent", last.median_requests},
+                   {"max_bytes_per_agent", last.max_bytes},
+                   {"failures", failures}});
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
