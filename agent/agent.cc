@@ -71,7 +71,9 @@ struct JobEnd {
 };
 
 // Thrown by a wait between attempts when the round gives way to the next.
-struct RoundGivesWay {};
+struct RoundGivesWay {
+  rendezvous::MembershipChange change;
+};
 
 // torchrun's keep-alive settings of --rdzv_conf: keep_alive_interval
 // (seconds, default 5) and keep_alive_max_attempt (default 3); node_timeout
@@ -184,8 +186,15 @@ class ElasticAgent::Impl {
   // Rendezvous (the first round, or after `change` the next), ranks, log
   // directory, monitor.
   void form_round(const std::optional<rendezvous::MembershipChange>& change);
-  // Stops the workers and forms the next round (no restart is charged).
-  void give_way();
+  // Stops the workers and forms the next round after `change`.
+  void give_way(rendezvous::MembershipChange change);
+  bool elastic() const { return static_cast<bool>(info_.reform); }
+  // Elastic: the round gives way to the next when a member is lost, by its
+  // heartbeat (dead) or by leaving while its workers ran. Returns the change
+  // that won (another member's may be first), or nullopt.
+  std::optional<rendezvous::MembershipChange> loss_change(int attempt);
+  // Either the monitor's change or a loss; nullopt while the round stands.
+  std::optional<rendezvous::MembershipChange> round_change(int attempt);
   // "attempt_<k>", or "attempt_<k>.r<round>" for a later round of attempt k.
   std::string attempt_dir(int attempt) const;
   void start_workers(int attempt);
@@ -216,6 +225,10 @@ class ElasticAgent::Impl {
   // bug of ours (InternalError, exit 70).
   void check_monitor() const;
   void sync_after_stop(int attempt, bool final);
+  // Elastic, before a failure ends the job: waits up to the liveness bound for
+  // a lost member to explain it (throws RoundGivesWay), and returns at once
+  // when every member has stopped its workers (nobody is lost).
+  void await_loss(int attempt);
   enum class Barrier { kPassed, kFailed, kReform };
   // kFailed: a failure of this attempt appeared (restart); kReform: the round
   // gives way.
@@ -247,9 +260,10 @@ class ElasticAgent::Impl {
   bool temp_log_base_ = false;
   std::string run_dir_;
   int attempt_ = 0;
-  int started_attempt_ = -1;                        // the last attempt whose workers started
-  int first_round_of_attempt_ = -1;                 // the round in which it started
-  std::vector<rendezvous::NodeInfo> last_members_;  // of the round before
+  int started_attempt_ = -1;                            // the last attempt whose workers started
+  int first_round_of_attempt_ = -1;                     // the round in which it started
+  std::vector<rendezvous::NodeInfo> last_members_;      // of the round before
+  std::optional<rendezvous::MembershipChange> change_;  // why the round gives way
 
   std::mutex phase_mutex_;
   bool workers_running_ = false;
@@ -388,7 +402,7 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
     if (pending_signal_) return WatchResult::kSignal;
     check_monitor();
     if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
-    if (monitor_->membership_change()) return WatchResult::kReform;
+    if ((change_ = round_change(attempt))) return WatchResult::kReform;
     if (monitor_->store_lost() || !monitor_->dead_nodes().empty()) {
       return WatchResult::kJobBroken;
     }
@@ -446,9 +460,12 @@ void ElasticAgent::Impl::check_monitor() const {
 void ElasticAgent::Impl::check_job_alive(const char* what) {
   check_monitor();
   if (monitor_->store_lost()) {
-    throw JobEnd{kRendezvous, std::string("lost the job's store at ") + info_.master_addr + ":" +
-                                  std::to_string(info_.master_port) + " while " + what + ": " +
-                                  monitor_->store_error()};
+    const std::string where =
+        info_.store_endpoint.empty()
+            ? "the job's store at " + info_.master_addr + ":" + std::to_string(info_.master_port)
+            : "the rendezvous store at the endpoint " + info_.store_endpoint +
+                  " (its host is gone or unreachable)";
+    throw JobEnd{kRendezvous, "lost " + where + " while " + what + ": " + monitor_->store_error()};
   }
   auto dead = monitor_->dead_nodes();
   if (!dead.empty()) {
@@ -519,7 +536,7 @@ void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& 
       return;
     } catch (const TimeoutError&) {
     }
-    if (monitor_->membership_change()) throw RoundGivesWay{};
+    if (auto change = round_change(attempt_)) throw RoundGivesWay{*change};
     check_job_alive(what);
     if (Clock::now() >= deadline) {
       std::vector<int> reported = set_key.empty() ? std::vector<int>{} : node_set(set_key);
@@ -530,6 +547,23 @@ void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& 
               std::to_string(std::chrono::duration_cast<std::chrono::seconds>(bound).count()) +
               "s " + what + " (key '" + key + "'); waiting for nodes " + node_list(missing)};
     }
+  }
+}
+
+void ElasticAgent::Impl::await_loss(int attempt) {
+  if (join_set(keys::stopped(attempt))) info_.store->set(keys::all_stopped(attempt), "1");
+  const auto deadline = Clock::now() + monitor_window_ + 2s;
+  while (Clock::now() < deadline) {
+    auto change = round_change(attempt);
+    if (change && !change->lost.empty()) throw RoundGivesWay{*change};
+    if (change) return;  // an admission: the failure stands
+    try {
+      info_.store->wait({keys::all_stopped(attempt)}, 100ms);
+      return;
+    } catch (const TimeoutError&) {
+    }
+    check_monitor();
+    if (monitor_->store_lost()) return;
   }
 }
 
@@ -581,7 +615,7 @@ ElasticAgent::Impl::Barrier ElasticAgent::Impl::exit_barrier(int attempt) {
     } catch (const TimeoutError&) {
     }
     if (monitor_->failure(attempt)) return Barrier::kFailed;
-    if (monitor_->membership_change()) return Barrier::kReform;
+    if ((change_ = monitor_->membership_change())) return Barrier::kReform;
     check_monitor();
     if (monitor_->store_lost()) {
       log_->warn("exit barrier: lost the job's store ({}); this node's workers succeeded",
@@ -658,6 +692,7 @@ void ElasticAgent::Impl::leave_last() {
 }
 
 void ElasticAgent::Impl::leave() {
+  if (info_.withdraw) info_.withdraw();
   if (!info_.store) return;
   try {
     info_.store->set(keys::gone(info_.group_rank), "1");
@@ -745,11 +780,11 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
              std::to_string(r + n.local_world_size - 1);
     r += n.local_world_size;
   }
-  const bool elastic = c_.rdzv_backend == "c10d";
+  const bool rounds = elastic();
   log_->info(
       "rendezvous complete{}: run_id={} group_rank={} group_world_size={} world_size={} "
       "master={}:{} restart_count={}; {}",
-      elastic ? " (round " + std::to_string(info_.round) + ")" : std::string(), c_.run_id,
+      rounds ? " (round " + std::to_string(info_.round) + ")" : std::string(), c_.run_id,
       info_.group_rank, info_.group_world_size, world_size_, info_.master_addr, info_.master_port,
       attempt_, table);
   events_.emit("rendezvous", attempt_,
@@ -758,7 +793,7 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
                 {"world_size", world_size_},
                 {"master_addr", info_.master_addr},
                 {"master_port", info_.master_port}});
-  if (elastic) {
+  if (rounds) {
     nlohmann::json members = nlohmann::json::array();
     int endpoint_host = -1;
     for (const auto& n : info_.nodes) {
@@ -791,20 +826,62 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
   mo.nnodes = info_.group_world_size;
   mo.hosts_store = info_.store_host.value_or(static_cast<bool>(info_.clear_worker_keys));
   mo.membership = info_.check_membership;
+  // Elastic: the store is lost when unreachable for as long as a node is
+  // dead when silent, so a cut-off node and its survivors decide alike.
+  if (elastic()) mo.store_grace = mo.liveness_window();
   monitor_window_ = mo.liveness_window();
   monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
 }
 
-void ElasticAgent::Impl::give_way() {
-  auto change = monitor_->membership_change();
-  CTORCHRUN_CHECK(change.has_value(), "give_way() without a membership change");
+std::optional<rendezvous::MembershipChange> ElasticAgent::Impl::loss_change(int attempt) {
+  if (!elastic()) return std::nullopt;
+  rendezvous::MembershipChange change;
+  for (int n : monitor_->dead_nodes()) change.lost.push_back(n);
+  if (!change.lost.empty()) {
+    change.cause = "heartbeat timeout";
+  } else {
+    auto gone = monitor_->departed_nodes();
+    if (gone.empty()) return std::nullopt;
+    // A member that left after its workers succeeded is not lost.
+    auto finished = node_set(keys::finished(attempt));
+    for (int n : gone) {
+      if (std::find(finished.begin(), finished.end(), n) == finished.end())
+        change.lost.push_back(n);
+    }
+    if (change.lost.empty()) return std::nullopt;
+    change.cause = "agent left";
+  }
+  std::string list;
+  for (int n : change.lost) list += (list.empty() ? "" : ", ") + std::to_string(n);
+  change.reason = "lost node" + std::string(change.lost.size() == 1 ? " " : "s ") + list + " (" +
+                  change.cause + ")";
+  return info_.reform(change);
+}
+
+std::optional<rendezvous::MembershipChange> ElasticAgent::Impl::round_change(int attempt) {
+  if (auto change = monitor_->membership_change()) return change;
+  return loss_change(attempt);
+}
+
+void ElasticAgent::Impl::give_way(rendezvous::MembershipChange change) {
   log_->warn("round {} gives way to the next: {}; stopping the workers (no restart charged)",
-             info_.round, change->reason);
+             info_.round, change.reason);
+  for (int n : change.lost) {
+    if (n < 0 || n >= static_cast<int>(info_.nodes.size())) continue;
+    const auto& node = info_.nodes[static_cast<size_t>(n)];
+    events_.emit("node_lost", attempt_,
+                 {{"group_rank", n},
+                  {"host", node.host},
+                  {"pid", node.pid},
+                  {"round", info_.round},
+                  {"cause", change.cause}});
+  }
   events_.emit("round_gives_way", attempt_,
-               {{"round", info_.round}, {"reason", change->reason}, {"lost", change->lost}});
+               {{"round", info_.round}, {"reason", change.reason}, {"lost", change.lost}});
   stop_workers(SIGTERM, attempt_);
   if (int sig = pending_signal_) throw JobEnd{128 + sig, "stopped by " + signal_name(sig)};
-  form_round(*change);
+  change_.reset();
+  form_round(change);
 }
 
 void ElasticAgent::Impl::start_workers(int k) {
@@ -919,6 +996,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
     return finish(128 + sig, "stopped by " + signal_name(sig));
   }
   const bool final = k >= c_.max_restarts;
+  if (final && elastic()) await_loss(k);  // throws RoundGivesWay when one explains the failure
   sync_after_stop(k, final);
   if (!final) {
     log_->warn(
@@ -967,15 +1045,22 @@ RunResult ElasticAgent::Impl::run() {
       try {
         AttemptOutcome out = run_attempt(attempt_);
         if (out.kind == AttemptOutcome::kReform) {
-          give_way();
+          CTORCHRUN_CHECK(change_.has_value(), "a round gives way without a change");
+          give_way(*change_);
           continue;
         }
         if (auto result = settle(attempt_, out)) return *result;
         ++attempt_;
-      } catch (const RoundGivesWay&) {
-        // Between the attempts of a failure: that failure is charged.
-        ++attempt_;
-        give_way();
+      } catch (const RoundGivesWay& g) {
+        // Between the attempts of a failure. A failure is charged, and
+        // refunded when a member of its round is lost before the next round
+        // forms: peers vanishing make surviving workers fail.
+        if (g.change.lost.empty()) {
+          ++attempt_;
+        } else {
+          log_->info("the failure of attempt {} is not charged: {}", attempt_, g.change.reason);
+        }
+        give_way(g.change);
       }
     }
   } catch (const JobEnd& end) {

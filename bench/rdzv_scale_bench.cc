@@ -195,8 +195,8 @@ Result run_once(int agents, int run) {
   for (auto& t : threads) t.join();
   Result r;
   r.connect_seconds = std::chrono::duration<double>(t_go - t_connect).count();
-  r.seconds = std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t_go)
-                  .count();
+  r.seconds =
+      std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t_go).count();
   r.failures = failures;
   r.first_error = first_error;
   std::vector<int64_t> sorted = requests;
@@ -249,14 +249,13 @@ int main(int argc, char** argv) {
     }
     std::sort(secs.begin(), secs.end());
     const Result& last = results.back();
-    std::printf(
-        "agents=%d round_s median=%.3f (runs:", n, secs[secs.size() / 2]);
+    std::printf("agents=%d round_s median=%.3f (runs:", n, secs[secs.size() / 2]);
     for (const auto& r : results) std::printf(" %.3f", r.seconds);
-    std::printf(") requests/agent max=%lld median=%lld bytes/agent max=%lld connect_s=%.3f "
-                "failures=%d\n",
-                static_cast<long long>(last.max_requests),
-                static_cast<long long>(last.median_requests),
-                static_cast<long long>(last.max_bytes), last.connect_seconds, failures);
+    std::printf(
+        ") requests/agent max=%lld median=%lld bytes/agent max=%lld connect_s=%.3f "
+        "failures=%d\n",
+        static_cast<long long>(last.max_requests), static_cast<long long>(last.median_requests),
+        static_cast<long long>(last.max_bytes), last.connect_seconds, failures);
     std::fflush(stdout);
     out.push_back({{"agents", n},
                    {"round_s_median", secs[secs.size() / 2]},

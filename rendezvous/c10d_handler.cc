@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -156,10 +157,13 @@ RendezvousInfo C10dHandler::form() {
   auto next_log = Clock::now() + options_.wait_log_interval;
   bool was_waiting = false;
   int waiting_round = -1;
+  int polls = 0;
+  const auto started = Clock::now();
   std::optional<C10dRound> round;
   try {
     for (;;) {
       round = state_->poll();
+      ++polls;
       if (round) break;
       if (state_->waiting()) {
         // The job runs: wait for it as long as it does.
@@ -204,6 +208,9 @@ RendezvousInfo C10dHandler::form() {
                 std::to_string(std::max(state_->round(), 0)) + " formed: " + e.what());
   }
   round_ = round;
+  log->debug("rendezvous '{}': round {} formed after {} polls in {}", options_.run_id, round->round,
+             polls,
+             format_duration(std::chrono::duration_cast<milliseconds>(Clock::now() - started)));
   return round_info(*round);
 }
 
@@ -273,40 +280,74 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
                                     [](const NodeInfo& n) { return n.hosts_endpoint; });
   info.store_host = any_host ? server_ != nullptr : round.group_rank == 0;
 
+  info.store_endpoint = endpoint_;
+
+  // This member's presence: a key bound to a connection of its own, so that
+  // it vanishes with this agent (store/protocol.h's BIND_KEYS). A store
+  // without the extension leaves the heartbeats to notice a lost agent.
+  if (presence_ && !presence_key_.empty()) {
+    try {
+      presence_->delete_key(presence_key_);
+    } catch (const Error&) {
+      presence_.reset();
+    }
+  }
+  presence_key_.clear();
+  try {
+    if (!presence_) {
+      auto c = tcp_client(addr, port, milliseconds(3'000), options_.read_timeout);
+      c->bind_keys_to_connection();
+      presence_ = std::make_shared<store::PrefixStore>(job_prefix_, c);
+    }
+    presence_key_ = C10dRoundWatch::present_key(round.generation, round.round, round.group_rank);
+    presence_->set(presence_key_, std::to_string(::getpid()));
+  } catch (const store::NotSupportedError& e) {
+    presence_.reset();
+    log->debug("the endpoint's store cannot bind keys ({}); heartbeats alone tell a lost node",
+               e.what());
+  }
+  auto presence = presence_;
+  info.withdraw = [presence, key = presence_key_] {
+    if (!presence || key.empty()) return;
+    try {
+      presence->delete_key(key);
+    } catch (const Error&) {
+      // The store is gone: nobody is left to mistake this node for lost.
+    }
+  };
+
   // The monitor's view of the round: a connection of its own, opened on first
   // use and again after an error (which also restarts the admission timer).
+  // The agent's thread may re-form the round too: a mutex keeps them apart.
   struct Watcher {
+    std::mutex mutex;
     std::shared_ptr<store::Store> job;
     std::unique_ptr<C10dRoundWatch> watch;
   };
   auto watcher = std::make_shared<Watcher>();
   C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
                         options_.entrypoint};
-  auto open = [watcher, addr, port, prefix = job_prefix_, settings, round,
-               lct = options_.last_call_timeout]() -> C10dRoundWatch& {
-    if (!watcher->watch) {
-      watcher->job = std::make_shared<store::PrefixStore>(
-          prefix, tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000)));
-      watcher->watch = std::make_unique<C10dRoundWatch>(*watcher->job, settings, round, lct);
-    }
-    return *watcher->watch;
-  };
-  auto guarded = [watcher](auto&& call) {
+  auto call = [watcher, addr, port, prefix = job_prefix_, settings, round,
+               lct = options_.last_call_timeout](auto&& fn) {
+    std::lock_guard<std::mutex> lock(watcher->mutex);
     try {
-      return call();
-    } catch (const IoError&) {
-      watcher->watch.reset();
-      watcher->job.reset();
-      throw;
-    } catch (const TimeoutError&) {
-      watcher->watch.reset();
-      watcher->job.reset();
+      if (!watcher->watch) {
+        watcher->job = std::make_shared<store::PrefixStore>(
+            prefix, tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000)));
+        watcher->watch = std::make_unique<C10dRoundWatch>(*watcher->job, settings, round, lct);
+      }
+      return fn(*watcher->watch);
+    } catch (const Error& e) {
+      if (dynamic_cast<const ProtocolError*>(&e) == nullptr) {
+        watcher->watch.reset();
+        watcher->job.reset();
+      }
       throw;
     }
   };
-  info.check_membership = [open, guarded] { return guarded([&] { return open().check(); }); };
-  info.reform = [open, guarded](const std::string& reason, const std::vector<int>& lost) {
-    return guarded([&] { return open().reform(reason, lost); });
+  info.check_membership = [call] { return call([](C10dRoundWatch& w) { return w.check(); }); };
+  info.reform = [call](const MembershipChange& change) {
+    return call([&](C10dRoundWatch& w) { return w.reform(change); });
   };
   C10dState* state = state_.get();
   info.mark_finishing = [state] { state->mark_finishing(); };

@@ -107,6 +107,10 @@ class C10dHandler : public Handler {
   std::shared_ptr<store::Store> job_;
   std::unique_ptr<C10dState> state_;
   std::optional<C10dRound> round_;
+  // This member's presence in the round (a connection whose keys vanish
+  // with it) and the key it holds there.
+  std::shared_ptr<store::Store> presence_;
+  std::string presence_key_;
   std::unique_ptr<store::TcpStoreServer> server_;          // the endpoint's store
   std::unique_ptr<store::TcpStoreServer> workers_server_;  // this round's, on group rank 0
 };

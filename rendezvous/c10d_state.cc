@@ -5,6 +5,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "store/protocol.h"
 
 namespace ctorchrun::rendezvous {
 
@@ -391,6 +392,7 @@ C10dRoundWatch::C10dRoundWatch(store::Store& job, C10dSettings settings, const C
       generation_(round.generation),
       round_(round.round),
       members_(static_cast<int>(round.nodes.size())),
+      me_(round.group_rank),
       last_call_timeout_(last_call_timeout),
       now_(std::move(now)),
       formed_at_(now_()) {}
@@ -409,6 +411,8 @@ MembershipChange C10dRoundWatch::parse(const std::string& raw) const {
     throw ProtocolError("unreadable record at key '" + k + "'");
   }
   r.reason = reason->get<std::string>();
+  auto cause = j.find("cause");
+  if (cause != j.end() && cause->is_string()) r.cause = cause->get<std::string>();
   for (const auto& v : *lost) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= members_) {
       throw ProtocolError("unreadable record at key '" + k + "': a lost member out of range");
@@ -418,21 +422,47 @@ MembershipChange C10dRoundWatch::parse(const std::string& raw) const {
   return r;
 }
 
-MembershipChange C10dRoundWatch::reform(const std::string& reason, const std::vector<int>& lost) {
-  const std::string mine = nlohmann::json{{"reason", reason}, {"lost", lost}}.dump();
+MembershipChange C10dRoundWatch::reform(const MembershipChange& change) {
+  const std::string mine = nlohmann::json{
+      {"reason", change.reason},
+      {"lost", change.lost},
+      {"cause", change.cause}}.dump();
   return parse(job_.compare_set(key(round_, "reform"), "", mine));
+}
+
+std::string C10dRoundWatch::present_key(int generation, int round, int group_rank) {
+  return C10dState::round_key(generation, round, "present/" + std::to_string(group_rank));
 }
 
 std::optional<MembershipChange> C10dRoundWatch::check() {
   const std::string k = key(round_, "reform");
   if (job_.check({k})) return parse(job_.get(k));
+  if (members_ > 1) {
+    auto gone = [&](int g) {
+      return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix});
+    };
+    if (gone((me_ + 1) % members_)) {
+      MembershipChange change;
+      for (int g = 0; g < members_; ++g) {
+        if (g != me_ && gone(g)) change.lost.push_back(g);
+      }
+      change.cause = "agent exited";
+      std::string list;
+      for (int g : change.lost) list += (list.empty() ? "" : ", ") + std::to_string(g);
+      change.reason = "lost node" + std::string(change.lost.size() == 1 ? " " : "s ") + list +
+                      " (agent exited)";
+      return reform(change);
+    }
+  }
   if (members_ >= settings_.max_nodes || now_() - formed_at_ < last_call_timeout_) {
     return std::nullopt;
   }
   const int64_t waiting = job_.add(key(round_ + 1, "count"), 0);
   if (waiting <= 0 || job_.check({key(round_, "finishing")})) return std::nullopt;
-  return reform(
-      "admitting " + std::to_string(waiting) + " waiting node" + (waiting == 1 ? "" : "s"), {});
+  MembershipChange admit;
+  admit.reason =
+      "admitting " + std::to_string(waiting) + " waiting node" + (waiting == 1 ? "" : "s");
+  return reform(admit);
 }
 
 }  // namespace ctorchrun::rendezvous

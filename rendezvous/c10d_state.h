@@ -63,7 +63,11 @@
 //     - admission: nodes wait in round R+1, round R has fewer than MAX
 //       members, nobody is finishing, and last_call_timeout has passed since
 //       this member saw R complete (so at most one admission per last call);
-//     - loss: the caller names the lost members (C10dRoundWatch::reform).
+//     - loss: a member's presence key vanished with its agent (the next member
+//       sees its gone marker and lists every member whose marker is there),
+//       or the caller names the lost members (C10dRoundWatch::reform; the
+//       agent does for a heartbeat timeout or a member that left mid-run).
+//   present/<g> (per round): member g's presence (C10dRoundWatch::present_key)
 //   Wall clocks of different hosts are never compared, with one exception
 //   that decides nothing about a running job: closed_at_ms, the closing
 //   node's wall clock, against an arriving node's, to end the closed window.
@@ -228,10 +232,19 @@ class C10dRoundWatch {
                  std::function<Clock::time_point()> now = Clock::now);
 
   // The reform of the round once set (by this node or another), after
-  // setting it for an admission that is due.
+  // setting it for an admission that is due or for members whose agents
+  // exited (their presence keys' gone markers, see present_key).
   std::optional<MembershipChange> check();
-  // Re-forms the round without `lost` (first writer wins; returns the winner).
-  MembershipChange reform(const std::string& reason, const std::vector<int>& lost);
+  // Re-forms the round without change.lost (first writer wins; returns the
+  // winner).
+  MembershipChange reform(const MembershipChange& change);
+
+  // "g<G>/rdzv/<R>/present/<g>": member g's presence, a key bound to its
+  // agent's connection (store/protocol.h's BIND_KEYS), so that its gone
+  // marker appears when the agent dies. Withdrawn (deleted) on purpose when
+  // the agent leaves. Each member watches the next one's (g+1 mod N): one
+  // request per check, whatever N.
+  static std::string present_key(int generation, int round, int group_rank);
 
  private:
   std::string key(int round, const std::string& what) const;
@@ -242,6 +255,7 @@ class C10dRoundWatch {
   int generation_;
   int round_;
   int members_;
+  int me_;
   std::chrono::milliseconds last_call_timeout_;
   std::function<Clock::time_point()> now_;
   Clock::time_point formed_at_;

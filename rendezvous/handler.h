@@ -28,6 +28,8 @@ struct NodeInfo {
 struct MembershipChange {
   std::string reason;
   std::vector<int> lost;  // group ranks of the round not expected back
+  // Why they are lost: "agent exited", "heartbeat timeout"; empty when none is.
+  std::string cause;
 };
 
 struct RendezvousInfo {
@@ -59,12 +61,17 @@ struct RendezvousInfo {
   // The job's restart count this round starts at (the next attempt).
   int attempt = 0;
   // From the agent's monitor thread, on a connection of its own: whether the
-  // round must give way (set by this node for an admission that is due, or by
-  // another). Throws what the store throws.
+  // round must give way (set by this node for an admission that is due or a
+  // member whose agent exited, or by another). Throws what the store throws.
   std::function<std::optional<MembershipChange>()> check_membership;
-  // Re-forms the round without `lost` (first writer wins: returns the change
-  // that did). Same thread and connection as check_membership.
-  std::function<MembershipChange(const std::string& reason, const std::vector<int>& lost)> reform;
+  // Re-forms the round without change.lost (first writer wins: returns the
+  // change that did). Thread-safe; a connection of its own.
+  std::function<MembershipChange(const MembershipChange& change)> reform;
+  // This node leaves the round on purpose (any outcome): its presence key is
+  // withdrawn, so the others do not take it for lost.
+  std::function<void()> withdraw;
+  // Where the agents' store is ("host:port"), for messages; empty: master_addr.
+  std::string store_endpoint;
   // This node's workers succeeded: the round admits nobody any more.
   std::function<void()> mark_finishing;
   // The job ended ("succeeded" or "failed"): closes the rendezvous id.

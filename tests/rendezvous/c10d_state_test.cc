@@ -312,10 +312,11 @@ TEST_CASE("C10dState: a lost member's place goes to a spare; the survivors keep 
   // Member 1 ("b") is lost; two racing survivors re-form, one change wins.
   C10dRoundWatch w0(hs, settings(2, 3), r0[0], 30s, clock.fn());
   C10dRoundWatch w2(hs, settings(2, 3), r0[2], 30s, clock.fn());
-  auto first = w2.reform("node 1 lost", {1});
-  auto second = w0.reform("another reason", {0});
+  auto first = w2.reform({"node 1 lost", {1}, "heartbeat timeout"});
+  auto second = w0.reform({"another reason", {0}, "agent exited"});
   CHECK(second.reason == "node 1 lost");
   CHECK(second.lost == std::vector<int>{1});
+  CHECK(second.cause == "heartbeat timeout");
   REQUIRE(w0.check());
 
   n[2]->state.rejoin(r0[2], 0, first.lost);
@@ -349,7 +350,7 @@ TEST_CASE(
   REQUIRE(r0a);
   REQUIRE(r0b);
   C10dRoundWatch w(hs, settings(1, 3), *r0a, 2s, clock.fn());
-  w.reform("test", {});
+  w.reform({"test", {}, ""});
   a.state.rejoin(*r0a, 0, {});
   CHECK_FALSE(a.state.poll().has_value());  // b is expected back
   clock.advance(2s);
