@@ -541,3 +541,42 @@ TEST_CASE("C10dState: an unreadable roster or reform record is a protocol error 
   C10dRoundWatch w(hs2, settings(1, 1), *r, 1s, clock.fn());
   CHECK_THROWS_AS(w.check(), ProtocolError);
 }
+
+TEST_CASE(
+    "C10dRoundWatch: a member whose presence key vanished is seen by the next member, which "
+    "re-forms without every vanished one",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  std::vector<std::unique_ptr<Node>> n;
+  for (const char* h : {"a", "b", "c", "d"}) {
+    n.push_back(std::make_unique<Node>(hs, clock, settings(1, 4), h, 3600s));
+    n.back()->state.join();
+  }
+  std::vector<C10dRound> r;
+  for (auto& x : n) r.push_back(*x->state.poll());
+  std::vector<std::unique_ptr<C10dRoundWatch>> w;
+  for (auto& round : r) {
+    w.push_back(std::make_unique<C10dRoundWatch>(hs, settings(1, 4), round, 3600s, clock.fn()));
+  }
+  for (auto& x : w) CHECK_FALSE(x->check().has_value());
+  // Members 1 and 3 die: the store sets their presence keys' gone markers.
+  hs.set(C10dRoundWatch::present_key(0, 0, 1) + "#gone", "1");
+  hs.set(C10dRoundWatch::present_key(0, 0, 3) + "#gone", "1");
+  // Member 2 watches member 3, member 0 watches member 1: either finds both.
+  auto change = w[2]->check();
+  REQUIRE(change);
+  CHECK(change->lost == std::vector<int>{1, 3});
+  CHECK(change->cause == "agent exited");
+  CHECK(change->reason == "lost nodes 1, 3 (agent exited)");
+  auto seen = w[0]->check();
+  REQUIRE(seen);
+  CHECK(seen->lost == change->lost);
+  // The survivors come back with no last call.
+  n[0]->state.rejoin(r[0], 0, change->lost);
+  n[2]->state.rejoin(r[2], 0, change->lost);
+  auto r1 = n[0]->state.poll();
+  REQUIRE(r1);
+  REQUIRE(r1->nodes.size() == 2);
+  CHECK(r1->nodes[1].host == "c");
+}
