@@ -28,6 +28,7 @@ namespace ctorchrun::testing {
 class EtcdCluster {
  public:
   static constexpr const char* kEtcdBinary = "/usr/bin/etcd";
+  static constexpr std::chrono::milliseconds kStopGrace{1000};
 
   explicit EtcdCluster(int members = 1,
                        std::chrono::milliseconds ready_timeout = std::chrono::seconds(30));
