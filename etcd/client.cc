@@ -20,17 +20,15 @@ using nlohmann::json;
 namespace detail {
 
 std::chrono::milliseconds ClientCore::attempt_budget() const {
-  return std::max(std::chrono::milliseconds(1),
-                  read_timeout / static_cast<long>(endpoints.size()));
+  return std::max(std::chrono::milliseconds(1), read_timeout / static_cast<long>(endpoints.size()));
 }
 
 std::string ClientCore::context(std::size_t member, const std::string& path) const {
   return "etcd " + texts[member] + " " + path;
 }
 
-Exchange ClientCore::exchange(std::size_t member, const std::string& path,
-                              const std::string& body, bool streamed,
-                              Clock::time_point deadline) const {
+Exchange ClientCore::exchange(std::size_t member, const std::string& path, const std::string& body,
+                              bool streamed, Clock::time_point deadline) const {
   Exchange out;
   const std::string ctx = context(member, path);
   HttpConnection conn;
@@ -48,8 +46,8 @@ Exchange ClientCore::exchange(std::size_t member, const std::string& path,
   std::vector<std::string> messages;
   for (;;) {
     if (auto e = conn.read_more(deadline)) {
-      out.kind = e.kind == StepError::Kind::kProtocol ? Exchange::Kind::kProtocol
-                                                      : Exchange::Kind::kRetry;
+      out.kind =
+          e.kind == StepError::Kind::kProtocol ? Exchange::Kind::kProtocol : Exchange::Kind::kRetry;
       out.what = out.kind == Exchange::Kind::kProtocol ? ctx + ": " + e.what : e.what;
       return out;
     }
@@ -135,14 +133,15 @@ json ClientCore::call(const std::string& path, const json& body, bool idempotent
     if (attempt > 0 && attempt % n == 0) {
       // A whole round failed (an election, or every member down): pause
       // briefly instead of spinning on refused connections.
-      const auto pause = std::min<Clock::duration>(std::chrono::milliseconds(50),
-                                                   deadline - Clock::now());
+      const auto pause =
+          std::min<Clock::duration>(std::chrono::milliseconds(50), deadline - Clock::now());
       if (pause > Clock::duration::zero()) std::this_thread::sleep_for(pause);
     }
     const auto now = Clock::now();
     if (now >= deadline) break;
     const std::size_t member = (first + attempt) % n;
-    Exchange ex = exchange(member, path, text, streamed, std::min(deadline, now + attempt_budget()));
+    Exchange ex =
+        exchange(member, path, text, streamed, std::min(deadline, now + attempt_budget()));
     switch (ex.kind) {
       case Exchange::Kind::kOk:
         preferred.store(member);
@@ -159,8 +158,8 @@ json ClientCore::call(const std::string& path, const json& body, bool idempotent
         break;
     }
   }
-  std::string msg = "etcd " + path + ": no member answered within " +
-                    format_duration(read_timeout) + ":";
+  std::string msg =
+      "etcd " + path + ": no member answered within " + format_duration(read_timeout) + ":";
   for (std::size_t i = 0; i < n; ++i) msg += (i ? ", " : " ") + texts[i] + " (" + errors[i] + ")";
   throw IoError(msg);
 }
@@ -276,21 +275,21 @@ std::int64_t EtcdClient::put(const std::string& key, const std::string& value,
 CompareSetResult EtcdClient::compare_set(const std::string& key,
                                          const std::optional<std::string>& expected,
                                          const std::string& desired, std::int64_t lease) const {
-  const json compare =
-      expected ? json{{"key", b64(key)}, {"target", "VALUE"}, {"result", "EQUAL"},
-                      {"value", b64(*expected)}}
-               : compare_revision(key, 0);
+  const json compare = expected ? json{{"key", b64(key)},
+                                       {"target", "VALUE"},
+                                       {"result", "EQUAL"},
+                                       {"value", b64(*expected)}}
+                                : compare_revision(key, 0);
   return parse_txn(core_->call("/v3/kv/txn", txn_request(compare, key, desired, lease), true), key);
 }
 
-CompareSetResult EtcdClient::compare_set_revision(const std::string& key,
-                                                  std::int64_t mod_revision,
+CompareSetResult EtcdClient::compare_set_revision(const std::string& key, std::int64_t mod_revision,
                                                   const std::string& desired,
                                                   std::int64_t lease) const {
-  return parse_txn(core_->call("/v3/kv/txn",
-                               txn_request(compare_revision(key, mod_revision), key, desired, lease),
-                               true),
-                   key);
+  return parse_txn(
+      core_->call("/v3/kv/txn",
+                  txn_request(compare_revision(key, mod_revision), key, desired, lease), true),
+      key);
 }
 
 std::int64_t EtcdClient::add(const std::string& key, std::int64_t delta, int max_attempts) const {
@@ -302,11 +301,11 @@ std::int64_t EtcdClient::add(const std::string& key, std::int64_t delta, int max
       throw ProtocolError("etcd add on '" + key + "': " + std::to_string(old) + " + " +
                           std::to_string(delta) + " overflows");
     // Not idempotent: replaying a txn that was applied would count twice.
-    const json resp = core_->call(
-        "/v3/kv/txn",
-        txn_request(compare_revision(key, current ? current->mod_revision : 0), key,
-                    std::to_string(updated), current ? current->lease : 0),
-        false);
+    const json resp =
+        core_->call("/v3/kv/txn",
+                    txn_request(compare_revision(key, current ? current->mod_revision : 0), key,
+                                std::to_string(updated), current ? current->lease : 0),
+                    false);
     CompareSetResult r = parse_txn(resp, key);
     if (r.succeeded) return updated;
     current = std::move(r.current);
@@ -317,9 +316,9 @@ std::int64_t EtcdClient::add(const std::string& key, std::int64_t delta, int max
 
 std::int64_t EtcdClient::delete_prefix(const std::string& prefix) const {
   const std::string start = prefix.empty() ? std::string(1, '\0') : prefix;
-  const json resp = core_->call(
-      "/v3/kv/deleterange",
-      {{"key", b64(start)}, {"range_end", b64(detail::prefix_end(prefix))}}, true);
+  const json resp =
+      core_->call("/v3/kv/deleterange",
+                  {{"key", b64(start)}, {"range_end", b64(detail::prefix_end(prefix))}}, true);
   const std::string ctx = "etcd delete prefix '" + prefix + "'";
   detail::header_revision(resp, ctx);
   return detail::int_field(resp, "deleted", ctx);
@@ -339,7 +338,8 @@ Lease EtcdClient::lease_grant(std::chrono::seconds ttl) const {
   const std::string error = detail::string_field(resp, "error", ctx);
   if (!error.empty()) throw EtcdError(0, ctx + ": etcd refused: " + error);
   Lease lease{detail::int_field(resp, "ID", ctx), detail::int_field(resp, "TTL", ctx)};
-  if (lease.id <= 0 || lease.ttl_s <= 0) throw ProtocolError(ctx + ": no lease ID or TTL in answer");
+  if (lease.id <= 0 || lease.ttl_s <= 0)
+    throw ProtocolError(ctx + ": no lease ID or TTL in answer");
   return lease;
 }
 
@@ -365,8 +365,8 @@ bool EtcdClient::lease_revoke(std::int64_t lease_id) const {
 }
 
 void EtcdClient::compact(std::int64_t revision) const {
-  const json resp = core_->call(
-      "/v3/kv/compaction", {{"revision", std::to_string(revision)}, {"physical", true}}, true);
+  const json resp = core_->call("/v3/kv/compaction",
+                                {{"revision", std::to_string(revision)}, {"physical", true}}, true);
   detail::header_revision(resp, "etcd compaction");
 }
 
@@ -376,8 +376,7 @@ MemberStatus EtcdClient::member_status(const std::string& endpoint) const {
     throw ConfigError("etcd member_status: '" + endpoint + "' is not one of the endpoints");
   const std::size_t member = static_cast<std::size_t>(it - core_->texts.begin());
   const std::string path = "/v3/maintenance/status";
-  Exchange ex =
-      core_->exchange(member, path, "{}", false, Clock::now() + core_->read_timeout);
+  Exchange ex = core_->exchange(member, path, "{}", false, Clock::now() + core_->read_timeout);
   switch (ex.kind) {
     case Exchange::Kind::kOk:
       break;

@@ -6,10 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "etcd/http_internal.h"
 

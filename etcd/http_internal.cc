@@ -1,11 +1,10 @@
 #include "etcd/http_internal.h"
 
-#include <limits>
-
 #include <boost/asio/connect.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/error.hpp>
+#include <limits>
 
 #include "common/error.h"
 
@@ -29,7 +28,8 @@ Endpoint parse_endpoint(const std::string& text) {
   } else {
     const auto colon = text.rfind(':');
     if (colon == std::string::npos || text.find(':') != colon)
-      throw ConfigError("etcd endpoint '" + text + "' is not host:port (write IPv6 as [addr]:port)");
+      throw ConfigError("etcd endpoint '" + text +
+                        "' is not host:port (write IPv6 as [addr]:port)");
     ep.host = text.substr(0, colon);
     port = text.substr(colon + 1);
   }
@@ -82,7 +82,14 @@ error_code HttpConnection::run(Clock::time_point deadline, bool close_on_timeout
       socket_.cancel(ignored);
     }
   });
-  while (!done) ioc_.run_one();
+  while (!done) {
+    // Out of work with the operation pending cannot happen; if it ever did,
+    // waiting on would never end.
+    if (ioc_.run_one() == 0 && !done) {
+      result = asio::error::operation_aborted;
+      break;
+    }
+  }
   timer.cancel();
   ioc_.run();  // lets the cancelled timer's handler finish before the locals go
   return result;
@@ -117,7 +124,8 @@ StepError HttpConnection::connect(const Endpoint& endpoint, Clock::time_point de
         },
         timed_out, n);
     if (timed_out) return {StepError::Kind::kTimeout, "timed out resolving " + endpoint.host};
-    if (ec) return {StepError::Kind::kConnect, "cannot resolve " + endpoint.host + ": " + ec.message()};
+    if (ec)
+      return {StepError::Kind::kConnect, "cannot resolve " + endpoint.host + ": " + ec.message()};
     for (const auto& r : results) addresses.push_back(r.endpoint());
   }
   std::string errors;
@@ -129,7 +137,8 @@ StepError HttpConnection::connect(const Endpoint& endpoint, Clock::time_point de
       continue;
     }
     ec = run(
-        deadline, true, [&](auto handler) { socket_.async_connect(a, [handler](error_code e) { handler(e, 0); }); },
+        deadline, true,
+        [&](auto handler) { socket_.async_connect(a, [handler](error_code e) { handler(e, 0); }); },
         timed_out, n);
     if (timed_out) return {StepError::Kind::kTimeout, "connect timed out"};
     if (!ec) {
@@ -143,9 +152,10 @@ StepError HttpConnection::connect(const Endpoint& endpoint, Clock::time_point de
 
 StepError HttpConnection::post(const std::string& target, const std::string& body,
                                Clock::time_point deadline) {
-  std::string request = "POST " + target + " HTTP/1.1\r\nHost: " + host_header_ +
-                        "\r\nContent-Type: application/json\r\nContent-Length: " +
-                        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  std::string request =
+      "POST " + target + " HTTP/1.1\r\nHost: " + host_header_ +
+      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\nConnection: close\r\n\r\n" + body;
   bool timed_out = false;
   std::size_t n = 0;
   request_sent_ = true;  // from here on, the member may have acted on it
@@ -168,13 +178,13 @@ StepError HttpConnection::read_more(Clock::time_point deadline) {
       if (ec && ec != http::error::need_more)
         return {StepError::Kind::kProtocol, "malformed HTTP response: " + ec.message()};
       if (parser_->is_header_done() && parser_->get().body().size() > kMaxPendingBody)
-        return {StepError::Kind::kProtocol, "response body over " +
-                                                 std::to_string(kMaxPendingBody) + " bytes"};
+        return {StepError::Kind::kProtocol,
+                "response body over " + std::to_string(kMaxPendingBody) + " bytes"};
       if (used > 0) return {};
     }
     if (raw_.size() > kMaxPendingBody)
-      return {StepError::Kind::kProtocol, "unparseable response over " +
-                                               std::to_string(kMaxPendingBody) + " bytes"};
+      return {StepError::Kind::kProtocol,
+              "unparseable response over " + std::to_string(kMaxPendingBody) + " bytes"};
     bool timed_out = false;
     std::size_t n = 0;
     const error_code ec = run(

@@ -12,15 +12,14 @@
 //
 // Not thread-safe: one thread drives one connection.
 
-#include <chrono>
-#include <cstdint>
-#include <optional>
-#include <string>
-
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
 
 namespace ctorchrun::etcd::detail {
 
@@ -78,7 +77,7 @@ class HttpConnection {
   boost::asio::ip::tcp::socket socket_;
   boost::asio::ip::tcp::resolver resolver_;
   std::optional<boost::beast::http::response_parser<boost::beast::http::string_body>> parser_;
-  std::string raw_;        // received, not yet parsed
+  std::string raw_;  // received, not yet parsed
   char buffer_[16384];
   std::string host_header_;
   bool request_sent_ = false;

@@ -44,12 +44,14 @@ std::uint64_t uint_field(const json& obj, const char* name, const std::string& c
   const auto it = obj.find(name);
   if (it == obj.end() || it->is_null()) return 0;
   if (it->is_number_unsigned()) return it->get<std::uint64_t>();
-  if (!it->is_string()) fail(context, std::string("field '") + name + "' is not an unsigned integer");
+  if (!it->is_string())
+    fail(context, std::string("field '") + name + "' is not an unsigned integer");
   const auto& s = it->get_ref<const std::string&>();
   std::uint64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (s.empty() || ec != std::errc() || end != s.data() + s.size())
-    fail(context, std::string("field '") + name + "' is not an unsigned 64-bit integer: '" + s + "'");
+    fail(context,
+         std::string("field '") + name + "' is not an unsigned 64-bit integer: '" + s + "'");
   return v;
 }
 

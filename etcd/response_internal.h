@@ -6,10 +6,9 @@
 // as their zero value, because the gateway omits zero-valued fields.
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "etcd/types.h"
 

@@ -52,10 +52,10 @@ std::optional<WatchEvent> WatchImpl::next(Clock::time_point deadline) {
 }
 
 void WatchImpl::throw_compacted() const {
-  throw WatchCompactedError(compact_revision_,
-                            "etcd watch on '" + key_ + "' from revision " +
-                                std::to_string(next_rev_) + ": history compacted up to revision " +
-                                std::to_string(compact_revision_));
+  throw WatchCompactedError(compact_revision_, "etcd watch on '" + key_ + "' from revision " +
+                                                   std::to_string(next_rev_) +
+                                                   ": history compacted up to revision " +
+                                                   std::to_string(compact_revision_));
 }
 
 bool WatchImpl::pump(Clock::time_point deadline) {
@@ -109,8 +109,8 @@ void WatchImpl::establish(Clock::time_point deadline) {
   if (!last_loss_.empty()) errors[(member_ + n - 1) % n] = last_loss_;
   for (std::size_t attempt = 0;; ++attempt) {
     if (attempt > 0 && attempt % n == 0) {
-      const auto pause = std::min<Clock::duration>(std::chrono::milliseconds(50),
-                                                   deadline - Clock::now());
+      const auto pause =
+          std::min<Clock::duration>(std::chrono::milliseconds(50), deadline - Clock::now());
       if (pause > Clock::duration::zero()) std::this_thread::sleep_for(pause);
     }
     const auto now = Clock::now();
@@ -183,8 +183,8 @@ void WatchImpl::handle(const std::string& message) {
       compact_revision_ = compact;
       return;
     }
-    throw EtcdError(0, where + ": etcd canceled the watch: " +
-                           string_field(*result, "cancel_reason", where));
+    throw EtcdError(
+        0, where + ": etcd canceled the watch: " + string_field(*result, "cancel_reason", where));
   }
   const json* events = array_field(*result, "events", where);
   if (!events) return;

@@ -23,7 +23,12 @@
 // tries again from the same revision); ProtocolError for a malformed message
 // (endpoint named); EtcdError when etcd cancels the watch for another reason.
 //
-// Thread safety: none; one thread owns a Watch. Destruction closes the stream.
+// Limits: a member that hangs without closing its stream (stopped, or cut
+// off by the network) is not detected; progress notifications could, later.
+//
+// Lifetime and threads: a Watch shares the client's settings and may outlive
+// the EtcdClient that made it. One thread owns a Watch. Destruction closes the
+// stream.
 
 #include <chrono>
 #include <cstdint>

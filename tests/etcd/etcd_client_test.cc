@@ -1,13 +1,10 @@
 // Contract tests of EtcdClient against real etcd processes ([multiproc]) and
 // against local sockets that misbehave ([net]).
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
-#include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -352,9 +349,9 @@ TEST_CASE("EtcdClient: with every endpoint dead, a call throws IoError naming ea
 
 TEST_CASE("EtcdClient: a server that answers garbage gives ProtocolError naming it", "[net]") {
   const char* replies[] = {
-      "SSH-2.0-OpenSSH\r\n",                                         // not HTTP
-      "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",           // not JSON
-      "HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\nshort",          // truncated body
+      "SSH-2.0-OpenSSH\r\n",                                 // not HTTP
+      "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",   // not JSON
+      "HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\nshort",  // truncated body
       "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n\r\nNot Found\n",
       "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  // bad chunk
   };

@@ -1,7 +1,6 @@
 // Pure parsing: base64, endpoints, and the gateway's JSON, without a server.
 
 #include <catch2/catch.hpp>
-
 #include <string>
 
 #include "common/error.h"
@@ -40,7 +39,8 @@ TEST_CASE("etcd base64: decode rejects everything but canonical encodings", "[un
   CHECK(base64_decode("") == std::string());
 }
 
-TEST_CASE("etcd endpoints: host:port and bracketed IPv6 parse and others throw ConfigError", "[unit]") {
+TEST_CASE("etcd endpoints: host:port and bracketed IPv6 parse and others throw ConfigError",
+          "[unit]") {
   auto a = detail::parse_endpoint("127.0.0.1:2379");
   CHECK(a.host == "127.0.0.1");
   CHECK(a.port == 2379);
@@ -75,18 +75,19 @@ TEST_CASE("etcd responses: int64 strings and omitted zero fields parse", "[unit]
         18446744073709551615ull);
 }
 
-TEST_CASE("etcd responses: wrong types and impossible values throw ProtocolError naming the context",
-          "[unit]") {
+TEST_CASE(
+    "etcd responses: wrong types and impossible values throw ProtocolError naming the context",
+    "[unit]") {
   const char* bad[] = {
-      R"({"kvs":[]})",                                                      // no header
-      R"({"header":{"revision":"x7"}})",                                    // not a number
-      R"({"header":{"revision":"99999999999999999999"}})",                  // overflow
-      R"({"header":{"revision":true}})",                                    // wrong type
-      R"({"header":{"revision":"7"},"kvs":{}})",                            // kvs not an array
+      R"({"kvs":[]})",                                      // no header
+      R"({"header":{"revision":"x7"}})",                    // not a number
+      R"({"header":{"revision":"99999999999999999999"}})",  // overflow
+      R"({"header":{"revision":true}})",                    // wrong type
+      R"({"header":{"revision":"7"},"kvs":{}})",            // kvs not an array
       R"({"header":{"revision":"7"},"kvs":[{"key":"YQ","mod_revision":"1"}],"count":"1"})",
       R"({"header":{"revision":"7"},"kvs":[{"key":"YQ==","mod_revision":"1","value":5}],"count":"1"})",
       R"({"header":{"revision":"7"},"kvs":[{"mod_revision":"1"}],"count":"1"})",  // no key
-      R"({"header":{"revision":"7"},"kvs":[{"key":"YQ=="}],"count":"1"})",  // no mod_revision
+      R"({"header":{"revision":"7"},"kvs":[{"key":"YQ=="}],"count":"1"})",        // no mod_revision
       R"({"header":{"revision":"7"},"kvs":[{"key":"YQ==","mod_revision":"1"}]})",  // count 0 < 1
       R"({"header":{"revision":"7"},"kvs":[7],"count":"1"})",
   };
@@ -105,7 +106,8 @@ TEST_CASE("etcd responses: wrong types and impossible values throw ProtocolError
   CHECK_THROWS_AS(detail::parse_object("{\"a\":1} {\"b\":2}", "ctx"), ProtocolError);
 }
 
-TEST_CASE("etcd error bodies: code and message are read and other bodies are not errors", "[unit]") {
+TEST_CASE("etcd error bodies: code and message are read and other bodies are not errors",
+          "[unit]") {
   int code = 0;
   std::string msg;
   REQUIRE(detail::parse_error_body(

@@ -138,13 +138,33 @@ bool EtcdCluster::start_all(std::chrono::milliseconds ready_timeout, std::string
   for (int i = 0; i < n; ++i) {
     auto& m = members_[i];
     const std::string data = dir_ + "/" + m.name + "-" + token_ + ".etcd";
-    m.pid = spawn({kEtcdBinary, "--name", m.name, "--data-dir", data, "--listen-client-urls",
-                   url(m.client_port), "--advertise-client-urls", url(m.client_port),
-                   "--listen-peer-urls", url(m.peer_port), "--initial-advertise-peer-urls",
-                   url(m.peer_port), "--initial-cluster", initial_cluster,
-                   "--initial-cluster-state", "new", "--initial-cluster-token", token_,
-                   "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap",
-                   "--log-level", "warn"},
+    m.pid = spawn({kEtcdBinary,
+                   "--name",
+                   m.name,
+                   "--data-dir",
+                   data,
+                   "--listen-client-urls",
+                   url(m.client_port),
+                   "--advertise-client-urls",
+                   url(m.client_port),
+                   "--listen-peer-urls",
+                   url(m.peer_port),
+                   "--initial-advertise-peer-urls",
+                   url(m.peer_port),
+                   "--initial-cluster",
+                   initial_cluster,
+                   "--initial-cluster-state",
+                   "new",
+                   "--initial-cluster-token",
+                   token_,
+                   "--heartbeat-interval",
+                   "50",
+                   "--election-timeout",
+                   "500",
+                   "--logger",
+                   "zap",
+                   "--log-level",
+                   "warn"},
                   m.log_path);
   }
   // Ready: every member reports a leader, and a write through each succeeds.
@@ -156,8 +176,8 @@ bool EtcdCluster::start_all(std::chrono::milliseconds ready_timeout, std::string
       if (ready[i]) continue;
       if (reap_if_exited(members_[i].pid)) {
         members_[i].pid = -1;
-        why = "member " + members_[i].name + " exited during start-up (port taken?): " +
-              log_tail(i, 1500);
+        why = "member " + members_[i].name +
+              " exited during start-up (port taken?): " + log_tail(i, 1500);
         return false;
       }
       try {
