@@ -347,6 +347,26 @@ TEST_CASE("EtcdClient: with every endpoint dead, a call throws IoError naming ea
   CHECK_THROWS_AS(c.add("/k", 1), IoError);
 }
 
+TEST_CASE("EtcdClient: a failed compare_set reads the current value in the same round trip",
+          "[net]") {
+  // etcd 3.4's answer to a txn whose compare failed: no "succeeded" field,
+  // the failure branch's range in "responses".
+  testing::ScriptedServer member(testing::http_ok(
+      R"({"header":{"cluster_id":"1","member_id":"2","revision":"9","raft_term":"2"},)"
+      R"("responses":[{"response_range":{"header":{"revision":"9"},"kvs":[{"key":"L2s=",)"
+      R"("create_revision":"3","mod_revision":"8","version":"4","value":"bm93"}],"count":"1"}}]})"));
+  EtcdClient c({member.endpoint()}, 2s);
+  const auto r = c.compare_set("/k", std::string("before"), "after");
+  CHECK(member.connections() == 1);
+  CHECK_FALSE(r.succeeded);
+  CHECK(r.revision == 9);
+  REQUIRE(r.current);
+  CHECK(r.current->key == "/k");
+  CHECK(r.current->value == "now");
+  CHECK(r.current->mod_revision == 8);
+  CHECK(r.current->version == 4);
+}
+
 TEST_CASE("EtcdClient: a server that answers garbage gives ProtocolError naming it", "[net]") {
   const char* replies[] = {
       "SSH-2.0-OpenSSH\r\n",                                 // not HTTP
