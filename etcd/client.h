@@ -13,8 +13,12 @@
 // began. Any member that answers serves: etcd forwards writes to the leader
 // and serves linearizable reads (the default) on every member.
 //
-// Deadlines. Every call returns or throws within read_timeout (plus the time
-// to notice it passed); add() within max_attempts read/txn round trips of it.
+// Deadlines. Every request returns or throws within read_timeout (plus the
+// time to notice it passed). Each call is one request, except add(): one read
+// and then up to max_attempts transactions, each with its own read_timeout.
+// One connection per request ("Connection: close"): simple and stateless;
+// pooling would save a loopback handshake per call, which rendezvous traffic
+// does not need.
 //
 // Errors (see etcd/errors.h):
 //  - IoError: no member answered within read_timeout. The message names every
@@ -26,10 +30,10 @@
 //    base64); the message names the endpoint and the path. Not retried.
 //  - EtcdError: a member refused the request (gRPC status other than
 //    unavailable), e.g. a put on a lease that does not exist.
-// After any throw the client is as before: every call opens its own
-// connection ("Connection: close"), so nothing is left half-read.
+// After any throw the client is as before: every request has its own
+// connection, so nothing is left half-read.
 //
-// Idempotence. Reads, put, delete_range, the lease calls and compare_set are
+// Idempotence. Reads, put, the deletes, the lease calls and compare_set are
 // retried on another member after an ambiguous failure (request sent, answer
 // lost). A compare_set that in fact succeeded before its answer was lost then
 // reports failure with `current` holding the value it wrote; callers that
@@ -44,7 +48,10 @@
 // values are base64; 64-bit integers are JSON strings; zero-valued fields are
 // omitted (a failed txn has no "succeeded"; a put event has no "type"); a
 // keepalive for an unknown lease answers with no TTL; errors come back as
-// HTTP 4xx/5xx with {"error","message","code"} where code is the gRPC code.
+// HTTP 4xx/5xx with {"error","message","code"} where code is the gRPC code;
+// a member cut off from the quorum answers only after about 6 s (a put with
+// HTTP 500 "context deadline exceeded", a read with 503 "request timed out"),
+// which is why each member gets only a share of the deadline.
 
 #include <chrono>
 #include <cstdint>
