@@ -203,6 +203,20 @@ TEST_CASE("EtcdClient: revoking a lease deletes its keys and a keeper reports th
   CHECK_THROWS_AS(LeaseKeeper(c, lease, 10s), ConfigError);
 }
 
+TEST_CASE("LeaseKeeper: with every member gone, the lease is reported lost after its TTL",
+          "[multiproc]") {
+  EtcdCluster cluster(1);
+  EtcdClient c(cluster.client_endpoints(), 300ms);
+  const Lease lease = c.lease_grant(2s);
+  LeaseKeeper keeper(c, lease, 200ms);
+  cluster.stop(0);
+  const auto deadline = Clock::now() + std::chrono::seconds(lease.ttl_s) + 5s;
+  while (!keeper.lost() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  REQUIRE(keeper.lost());
+  CHECK(keeper.lost_reason().find("no keepalive succeeded") != std::string::npos);
+  CHECK(keeper.lost_reason().find(cluster.client_endpoint(0)) != std::string::npos);
+}
+
 TEST_CASE("EtcdClient: a watch delivers puts and deletes in order, from a past revision too",
           "[multiproc]") {
   EtcdCluster cluster(1);
