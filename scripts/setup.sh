@@ -11,6 +11,7 @@ packages=(
   libgloo-dev
   python3-torch python3-numpy
   iproute2 procps psmisc
+  etcd-server etcd-client
 )
 
 missing=()
