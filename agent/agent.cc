@@ -1142,6 +1142,7 @@ RunResult run(const LaunchConfig& config) {
     co.join_timeout = config.join_timeout;
     co.last_call_timeout = config.last_call_timeout;
     co.read_timeout = config.read_timeout;
+    co.close_timeout = config.close_timeout;
     co.server = so.server;
     rdzv = std::make_unique<rendezvous::C10dHandler>(co);
   } else {

@@ -352,12 +352,14 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   C10dState* state = state_.get();
   info.mark_finishing = [state] { state->mark_finishing(); };
   const bool hosts_endpoint = server_ != nullptr;
-  info.close = [state, hosts_endpoint, run_id = options_.run_id](const std::string& outcome) {
+  const auto linger = std::min(options_.close_timeout, milliseconds(3'000));
+  info.close = [state, hosts_endpoint, linger,
+                run_id = options_.run_id](const std::string& outcome) {
     int waiting = state->close(outcome);
     if (!hosts_endpoint || waiting <= 0) return;
     // The endpoint's store goes with this agent: let the waiting nodes read
     // the end first (they look at least once a poll interval).
-    const auto until = Clock::now() + milliseconds(3'000);
+    const auto until = Clock::now() + linger;
     while (state->closed_seen() < waiting && Clock::now() < until) {
       std::this_thread::sleep_for(milliseconds(50));
     }

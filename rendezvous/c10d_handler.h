@@ -71,6 +71,9 @@ struct C10dOptions {
   std::chrono::milliseconds join_timeout{600'000};
   std::chrono::milliseconds last_call_timeout{30'000};
   std::chrono::milliseconds read_timeout{60'000};
+  // Bounds closing the rendezvous at the job's end: the endpoint's host waits
+  // at most this long (and at most 3 s) for waiting nodes to learn the end.
+  std::chrono::milliseconds close_timeout{30'000};
   // Longest wait between two looks at the rendezvous (the store wakes the
   // waits on the keys that matter; this bounds how soon an end is seen).
   std::chrono::milliseconds poll_interval{1'000};
