@@ -293,7 +293,7 @@ TEST_CASE(
   CHECK(a.state.closed_seen() == 1);
 }
 
-TEST_CASE("C10dState: a lost member's place goes to a spare; the survivors keep their order",
+TEST_CASE("C10dState: a lost member's place goes to a spare, the survivors keep their order",
           "[unit]") {
   store::HashStore hs;
   ManualClock clock;
@@ -381,7 +381,7 @@ TEST_CASE("C10dState: a round whose workers finish admits nobody", "[unit]") {
 }
 
 TEST_CASE(
-    "C10dState: an id closed within the window is refused at once; after it the id is a new "
+    "C10dState: an id closed within the window is refused at once, after it the id is a new "
     "job",
     "[unit]") {
   store::HashStore hs;
