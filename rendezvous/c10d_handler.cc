@@ -59,6 +59,15 @@ std::string local_address_towards(const std::string& host, int port) {
   return found;
 }
 
+milliseconds wait_slice(milliseconds poll_interval, milliseconds until_last_call,
+                        milliseconds until_deadline) {
+  milliseconds slice = poll_interval;
+  // until_last_call is max() when no last call runs: no arithmetic on it then.
+  if (until_last_call < poll_interval) slice = until_last_call + milliseconds(1);
+  slice = std::min(slice, until_deadline);
+  return std::clamp(slice, milliseconds(1), std::max(poll_interval, milliseconds(1)));
+}
+
 C10dHandler::C10dHandler(C10dOptions options) : options_(std::move(options)) {}
 
 C10dHandler::~C10dHandler() = default;
@@ -193,9 +202,8 @@ RendezvousInfo C10dHandler::form() {
         next_log = Clock::now() + options_.wait_log_interval;
         log->info("rendezvous '{}': waiting for nodes: {}", options_.run_id, state_->progress());
       }
-      auto slice = std::min(options_.poll_interval, state_->until_last_call() + milliseconds(1));
-      slice = std::clamp(std::min(slice, left_until(deadline)), milliseconds(1),
-                         options_.poll_interval);
+      const auto slice =
+          wait_slice(options_.poll_interval, state_->until_last_call(), left_until(deadline));
       try {
         job_->wait({state_->wait_key()}, slice);
       } catch (const TimeoutError&) {

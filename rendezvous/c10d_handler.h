@@ -118,6 +118,14 @@ class C10dHandler : public Handler {
   std::unique_ptr<store::TcpStoreServer> workers_server_;  // this round's, on group rank 0
 };
 
+// How long one wait between two polls of a forming round may last: at most
+// poll_interval, and no longer than until this node's last call ends (plus
+// 1 ms) or the deadline; at least 1 ms. until_last_call is max() when no last
+// call runs.
+std::chrono::milliseconds wait_slice(std::chrono::milliseconds poll_interval,
+                                     std::chrono::milliseconds until_last_call,
+                                     std::chrono::milliseconds until_deadline);
+
 // The local address this host's packets to `host`:`port` leave from (a
 // routing decision, no packet is sent). Throws IoError when none.
 std::string local_address_towards(const std::string& host, int port);

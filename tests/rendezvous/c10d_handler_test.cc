@@ -170,3 +170,19 @@ TEST_CASE("C10dHandler: the endpoint's store lost while the round forms ends the
   CHECK_THAT(*error,
              Catch::Contains("lost the rendezvous store at 127.0.0.1:" + std::to_string(port)));
 }
+
+TEST_CASE(
+    "C10dHandler: a waiting node waits a whole poll interval when no last call runs, never a "
+    "busy loop",
+    "[unit]") {
+  using std::chrono::milliseconds;
+  const auto none = milliseconds::max();
+  CHECK(rendezvous::wait_slice(milliseconds(1000), none, milliseconds(600'000)) ==
+        milliseconds(1000));
+  CHECK(rendezvous::wait_slice(milliseconds(1000), milliseconds(300), milliseconds(600'000)) ==
+        milliseconds(301));
+  CHECK(rendezvous::wait_slice(milliseconds(1000), milliseconds(0), milliseconds(600'000)) ==
+        milliseconds(1));
+  CHECK(rendezvous::wait_slice(milliseconds(1000), none, milliseconds(40)) == milliseconds(40));
+  CHECK(rendezvous::wait_slice(milliseconds(1000), none, milliseconds(-5)) == milliseconds(1));
+}
