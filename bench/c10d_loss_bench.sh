@@ -21,7 +21,8 @@
 # "STEP t=<time.time()> world=<n> rank=<r>" line each) the harness records
 # T0 = time.time() and SIGKILLs agent 2's process group and, by pid, every
 # process agent 2 started (its descendants and whatever carries agent 2's
-# tag in its environment: workers may sit in other groups).
+# tag in its environment: workers may sit in other groups), and checks
+# for 2 s that all of them are gone (any left is reported with the run).
 # Results, on the one host clock:
 #   survivor stepping again: agent 1's first STEP line after its first START
 #     line with t > T0 (a line of the old worker, finishing a step as the
@@ -165,6 +166,14 @@ def descendants(roots):
     return found
 
 
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 def alive(pid, start):
     st = proc_stat(pid)
     return st is not None and st[1] != "Z" and st[2] == start
@@ -262,7 +271,8 @@ def restart_count(pid):
 def kill_node(agent, node):
     """SIGKILL to the agent's process group and, by pid, to every process it
     started (descendants, and whatever carries the node's mark: workers may
-    sit in other groups). Returns T0, taken just before the first signal."""
+    sit in other groups). Returns T0, taken just before the first signal, and
+    the pids of the node still alive after it (none expected)."""
     victims = descendants([agent.proc.pid])
     victims.update(tagged_pids(node))
     t0 = time.time()
@@ -270,7 +280,8 @@ def kill_node(agent, node):
         os.killpg(agent.proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    for _ in range(3):  # again, for anything started while the signals went out
+    end = time.monotonic() + 2.0
+    while True:  # again, for anything started while the signals went out, until all are gone
         for pid, start in victims.items():
             if alive(pid, start):
                 try:
@@ -279,10 +290,10 @@ def kill_node(agent, node):
                     pass
         victims = {p: s for p, s in victims.items() if alive(p, s)}
         victims.update(tagged_pids(node))
-        if not victims:
+        if not victims or time.monotonic() > end:
             break
-        time.sleep(0.01)
-    return t0
+        time.sleep(0.05)
+    return t0, [f"{pid} {comm(pid)}" for pid in sorted(victims)]
 
 
 def wait_gone(live, tree, grace):
@@ -397,8 +408,10 @@ def measure(launcher, run):
         old = a1.last_start()
         res["restart_count_before"] = restart_count(old[4]) if old else None
         seen = len(a1.events)
-        t0 = kill_node(a2, 2)
+        t0, survived = kill_node(a2, 2)
         res["t0"] = t0
+        if survived:
+            res["node2_alive_after_kill"] = survived
         end = time.monotonic() + args.deadline
         counts = {}  # pid of a worker started after the loss -> its TORCHELASTIC_RESTART_COUNT
         while True:
