@@ -599,8 +599,10 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
 }
 
 ElasticAgent::Impl::Barrier ElasticAgent::Impl::exit_barrier(int attempt) {
-  // No admission re-forms a round whose workers finish (it would redo work).
-  if (info_.mark_finishing) info_.mark_finishing();
+  // No admission re-forms a round whose workers finish (it would redo work),
+  // and this node leaving from now on is no loss. When an admission took the
+  // attempt first, the monitor reports the round giving way.
+  if (info_.mark_finishing) info_.mark_finishing(attempt);
   // The node that completes the set of finished nodes releases everyone.
   if (join_set(keys::finished(attempt))) info_.store->set(keys::all_done(attempt), "1");
   // The timeout bounds only a wait for nodes whose liveness is unknown: a node
@@ -692,6 +694,9 @@ void ElasticAgent::Impl::leave_last() {
 }
 
 void ElasticAgent::Impl::leave() {
+  // A store that is lost cannot hear it; each call would only wait out its
+  // timeout.
+  if (monitor_ && monitor_->store_lost()) return;
   if (info_.withdraw) info_.withdraw();
   if (!info_.store) return;
   try {
@@ -745,6 +750,12 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
   try {
     info_ = change ? rdzv_.next_round(*change, attempt_) : rdzv_.next_rendezvous();
   } catch (const rendezvous::JobClosedError& e) {
+    if (e.while_waiting() && e.was_member() && e.outcome() != "succeeded") {
+      // It ran in the job, whose restarts ran out while it came back.
+      throw JobEnd{kFailed, "the job ended (" + e.outcome() +
+                                ") while this node came back for its next round; the failure "
+                                "summary is on the node whose workers failed"};
+    }
     if (e.while_waiting()) {
       // A spare, or a node waiting to be admitted: the job ended without it.
       std::string msg = "the job ended (" + e.outcome() + ") while this node waited for a round";
@@ -855,7 +866,16 @@ std::optional<rendezvous::MembershipChange> ElasticAgent::Impl::loss_change(int 
   for (int n : change.lost) list += (list.empty() ? "" : ", ") + std::to_string(n);
   change.reason = "lost node" + std::string(change.lost.size() == 1 ? " " : "s ") + list + " (" +
                   change.cause + ")";
-  return info_.reform(change);
+  try {
+    return info_.reform(change);
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const Error& e) {
+    // The store did not answer: asked again on the next pass; a store that
+    // stays away is the monitor's to declare lost.
+    log_->debug("could not re-form the round yet: {}", e.what());
+    return std::nullopt;
+  }
 }
 
 std::optional<rendezvous::MembershipChange> ElasticAgent::Impl::round_change(int attempt) {
@@ -1143,6 +1163,8 @@ RunResult run(const LaunchConfig& config) {
     co.last_call_timeout = config.last_call_timeout;
     co.read_timeout = config.read_timeout;
     co.close_timeout = config.close_timeout;
+    co.monitor_timeout = std::clamp(config.node_timeout / config.keep_alive_max_attempt,
+                                    std::chrono::milliseconds(500), std::chrono::milliseconds(3'000));
     co.server = so.server;
     rdzv = std::make_unique<rendezvous::C10dHandler>(co);
   } else {

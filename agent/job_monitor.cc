@@ -131,8 +131,10 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
   Clock::time_point seen_seq_at{};
   auto next_beat = o.now();
   auto next_scan = o.now();
-  bool failing = false;  // store calls keep failing since failing_since
-  Clock::time_point failing_since;
+  // The last answer the store gave (a heartbeat or a liveness read): the
+  // store is lost once it has not answered for store_grace, however the
+  // calls in between failed or blocked.
+  auto last_answer = o.now();
   int seen_failure_of = -1;
   auto next_membership = o.now();
   auto stopped = [&] {
@@ -163,11 +165,14 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
     try {
       if (!store) {
         store = st->connect();
-        store->set_timeout(2s);
+        // A request that gets no answer within a heartbeat interval (2 s at
+        // most) fails: an unreachable store shows within the liveness bound.
+        store->set_timeout(std::clamp<std::chrono::milliseconds>(o.keep_alive_interval, 500ms, 2s));
       }
       auto now = o.now();
       if (now >= next_beat) {
         store->add(keys::alive(o.node), 1);
+        last_answer = o.now();
         next_beat = now + o.keep_alive_interval;
       }
       if (now >= next_scan) {
@@ -190,6 +195,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
           }
           nlohmann::json view = {{"seq", ++seq}, {"dead", dead}, {"gone", gone}};
           store->set(keys::liveness(), view.dump());
+          last_answer = o.now();
           take_view(std::move(dead), std::move(gone), now);
           next_scan = now + o.keep_alive_interval;
         } else {
@@ -211,6 +217,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
             // The view is as current as the host's last publication.
             take_view(std::move(dead), std::move(gone), seen_seq_at);
             known = true;
+            last_answer = o.now();
           }
           // Until the host's first view arrives, ask at every pass.
           next_scan = now + (known ? o.keep_alive_interval : o.failure_poll);
@@ -218,7 +225,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
       }
       if (o.membership && now >= next_membership) {
         next_membership = now + o.membership_poll;
-        if (auto change = o.membership()) {
+        if (auto change = o.membership(st->attempt)) {
           publish([&] {
             st->membership_change = *change;
             return true;
@@ -250,7 +257,6 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
       } else {
         pause(o.failure_poll);
       }
-      failing = false;
     } catch (const ProtocolError&) {
       throw;
     } catch (const InternalError&) {
@@ -258,11 +264,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
     } catch (const Error& e) {
       store.reset();
       auto now = o.now();
-      if (!failing) {
-        failing = true;
-        failing_since = now;
-      }
-      if (now - failing_since >= o.store_grace && !st->store_lost) {
+      if (now - last_answer >= o.store_grace && !st->store_lost) {
         publish([&] {
           st->store_error = e.what();
           st->store_lost = true;

@@ -11,7 +11,8 @@
 //  - on elastic rounds, asks whether the round must give way (nodes wait to
 //    be admitted) and calls `notify` once it must; its view then ends with
 //    the round (the thread stops),
-//  - notices the loss of the store (errors for longer than `store_grace`),
+//  - notices the loss of the store (a request fails when the store has not
+//    answered one for `store_grace`),
 //  - and ends on a record it cannot read (a protocol error naming the key) or
 //    on a broken invariant of ours (an internal error), which the agent
 //    reports as such, never as a lost store.
@@ -48,7 +49,7 @@ struct MonitorOptions {
   std::function<std::chrono::steady_clock::time_point()> now = std::chrono::steady_clock::now;
   // Elastic rounds: asked every membership_poll whether the round must give
   // way (rendezvous::RendezvousInfo::check_membership); empty: never.
-  std::function<std::optional<rendezvous::MembershipChange>()> membership;
+  std::function<std::optional<rendezvous::MembershipChange>(int attempt)> membership;
   std::chrono::milliseconds membership_poll{250};
 
   std::chrono::milliseconds liveness_window() const {

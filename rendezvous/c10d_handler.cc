@@ -20,6 +20,11 @@
 
 namespace ctorchrun::rendezvous {
 
+namespace {
+// Round rank 0 died before it published the workers' store.
+struct RankZeroLost {};
+}  // namespace
+
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -138,7 +143,23 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   C10dTiming timing;
   timing.last_call_timeout = options_.last_call_timeout;
   timing.closed_window = options_.closed_window.value_or(options_.join_timeout);
-  state_ = std::make_unique<C10dState>(*job_, settings, me, timing);
+  // This agent's presence: a connection whose keys vanish with it
+  // (store/protocol.h's BIND_KEYS). A store without the extension leaves the
+  // heartbeats to notice a lost agent.
+  try {
+    // Quick calls only (a record, a presence key): a store that does not
+    // answer within seconds must not hold up an agent that leaves.
+    auto c = tcp_client(addr, options_.endpoint_port, milliseconds(3'000), milliseconds(3'000));
+    c->bind_keys_to_connection();
+    presence_ = std::make_shared<store::PrefixStore>(job_prefix_, c);
+  } catch (const store::NotSupportedError& e) {
+    presence_.reset();
+    log->info("the store at the endpoint {} cannot bind keys to a connection ({}); lost nodes are "
+              "noticed by their heartbeats alone",
+              endpoint_, e.what());
+  }
+  state_ = std::make_unique<C10dState>(*job_, settings, me, timing, C10dState::Clock::now,
+                                       C10dState::WallClock::now, presence_.get());
   try {
     state_->join();
   } catch (const IoError& e) {
@@ -161,6 +182,53 @@ RendezvousInfo C10dHandler::next_round(const MembershipChange& change, int attem
 }
 
 RendezvousInfo C10dHandler::form() {
+  for (int tries = 0;; ++tries) {
+    C10dRound round;
+    try {
+      round = form_round();
+    } catch (const JobClosedError&) {
+      if (server_) linger_for_members();
+      throw;
+    }
+    round_ = round;
+    try {
+      return round_info(round);
+    } catch (const RankZeroLost&) {
+      CTORCHRUN_CHECK(tries < 1000, "the workers' store host kept vanishing");
+      get_logger("rdzv")->warn(
+          "rendezvous '{}': node 0 of round {} ({}) was lost before it served the workers' store; "
+          "forming the next round",
+          options_.run_id, round.round, round.nodes.at(0).host);
+      C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
+                            options_.entrypoint};
+      C10dRoundWatch watch(*job_, settings, round, options_.last_call_timeout);
+      auto change = watch.reform({"node 0 was lost before it served the workers' store", {0},
+                                  "agent exited"});
+      state_->rejoin(round, round.attempt, change.lost);
+    }
+  }
+}
+
+void C10dHandler::linger_for_members() {
+  // This waiting node hosts the endpoint's store: the members of the job
+  // that just ended still need it to leave. Until their presence keys are
+  // gone (withdrawn or dead), at most 10 s.
+  if (state_->round() < 1) return;
+  const int running = state_->round() - 1;
+  const auto until = Clock::now() + milliseconds(10'000);
+  try {
+    for (int g = 0; g < options_.max_nodes && Clock::now() < until; ++g) {
+      const std::string key = C10dRoundWatch::present_key(state_->generation(), running, g);
+      while (job_->check({key}) && Clock::now() < until) {
+        std::this_thread::sleep_for(milliseconds(50));
+      }
+    }
+  } catch (const Error&) {
+    // Nothing left to serve.
+  }
+}
+
+C10dRound C10dHandler::form_round() {
   auto log = get_logger("rdzv");
   auto deadline = Clock::now() + options_.join_timeout;
   auto next_log = Clock::now() + options_.wait_log_interval;
@@ -215,11 +283,10 @@ RendezvousInfo C10dHandler::form() {
     throw Error("lost the rendezvous store at " + endpoint_ + " while round " +
                 std::to_string(std::max(state_->round(), 0)) + " formed: " + e.what());
   }
-  round_ = round;
   log->debug("rendezvous '{}': round {} formed after {} polls in {}", options_.run_id, round->round,
              polls,
              format_duration(std::chrono::duration_cast<milliseconds>(Clock::now() - started)));
-  return round_info(*round);
+  return *round;
 }
 
 RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
@@ -242,12 +309,30 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     workers_port = workers_server_->port();
     job_->set(workers_key, nlohmann::json{{"addr", workers_addr}, {"port", workers_port}}.dump());
   } else {
-    try {
-      job_->wait({workers_key}, options_.read_timeout);  // rank 0 sets it right after the round
-    } catch (const IoError& e) {
-      throw Error("lost the rendezvous store at " + endpoint_ +
-                  " while waiting for the workers' store of round " + std::to_string(round.round) +
-                  ": " + e.what());
+    // Rank 0 sets it right after the round; if rank 0 dies first (its
+    // record's gone marker), the round re-forms without it.
+    const std::string rank0_gone =
+        C10dState::round_key(round.generation, round.round, "node/" + round.slots.at(0)) +
+        store::protocol::kGoneSuffix;
+    const auto until = Clock::now() + options_.read_timeout;
+    for (;;) {
+      try {
+        job_->wait({workers_key}, std::clamp(left_until(until), milliseconds(1), milliseconds(250)));
+        break;
+      } catch (const TimeoutError&) {
+        if (presence_ && job_->check({rank0_gone})) throw RankZeroLost{};
+        if (Clock::now() >= until) {
+          throw TimeoutError("node 0 of round " + std::to_string(round.round) + " (" +
+                             round.nodes.at(0).host + ", pid " +
+                             std::to_string(round.nodes.at(0).pid) +
+                             ") did not publish the workers' store within read_timeout (" +
+                             format_duration(options_.read_timeout) + ")");
+        }
+      } catch (const IoError& e) {
+        throw Error("lost the rendezvous store at " + endpoint_ +
+                    " while waiting for the workers' store of round " +
+                    std::to_string(round.round) + ": " + e.what());
+      }
     }
     auto j = nlohmann::json::parse(job_->get(workers_key), nullptr, false);
     if (!j.is_object() || !j.contains("addr") || !j["addr"].is_string() || !j.contains("port") ||
@@ -266,9 +351,8 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   // Background connections make only quick calls: a frozen store shows as a
   // timeout within seconds.
   const int port = options_.endpoint_port;
-  info.connect = [addr, port, round_prefix] {
-    return std::make_shared<store::PrefixStore>(
-        round_prefix, tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000)));
+  info.connect = [addr, port, round_prefix, t = options_.monitor_timeout] {
+    return std::make_shared<store::PrefixStore>(round_prefix, tcp_client(addr, port, t, t));
   };
   info.namespace_prefix = std::string("/") + StaticHandler::kNamespace + "/";
   info.round = round.round;
@@ -293,26 +377,11 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   // This member's presence: a key bound to a connection of its own, so that
   // it vanishes with this agent (store/protocol.h's BIND_KEYS). A store
   // without the extension leaves the heartbeats to notice a lost agent.
-  if (presence_ && !presence_key_.empty()) {
-    try {
-      presence_->delete_key(presence_key_);
-    } catch (const Error&) {
-      presence_.reset();
-    }
-  }
+  if (presence_ && !presence_key_.empty()) presence_->delete_key(presence_key_);
   presence_key_.clear();
-  try {
-    if (!presence_) {
-      auto c = tcp_client(addr, port, milliseconds(3'000), options_.read_timeout);
-      c->bind_keys_to_connection();
-      presence_ = std::make_shared<store::PrefixStore>(job_prefix_, c);
-    }
+  if (presence_) {
     presence_key_ = C10dRoundWatch::present_key(round.generation, round.round, round.group_rank);
     presence_->set(presence_key_, std::to_string(::getpid()));
-  } catch (const store::NotSupportedError& e) {
-    presence_.reset();
-    log->debug("the endpoint's store cannot bind keys ({}); heartbeats alone tell a lost node",
-               e.what());
   }
   auto presence = presence_;
   info.withdraw = [presence, key = presence_key_] {
@@ -353,12 +422,18 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
       throw;
     }
   };
-  info.check_membership = [call] { return call([](C10dRoundWatch& w) { return w.check(); }); };
+  info.check_membership = [call](int attempt) {
+    return call([attempt](C10dRoundWatch& w) { return w.check(attempt); });
+  };
   info.reform = [call](const MembershipChange& change) {
     return call([&](C10dRoundWatch& w) { return w.reform(change); });
   };
   C10dState* state = state_.get();
-  info.mark_finishing = [state] { state->mark_finishing(); };
+  info.mark_finishing = [state, withdraw = info.withdraw](int attempt) {
+    const bool finishing = state->mark_finishing(attempt);
+    withdraw();
+    return finishing;
+  };
   const bool hosts_endpoint = server_ != nullptr;
   const auto linger = std::min(options_.close_timeout, milliseconds(3'000));
   info.close = [state, hosts_endpoint, linger,

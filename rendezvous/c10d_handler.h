@@ -74,6 +74,10 @@ struct C10dOptions {
   // Bounds closing the rendezvous at the job's end: the endpoint's host waits
   // at most this long (and at most 3 s) for waiting nodes to learn the end.
   std::chrono::milliseconds close_timeout{30'000};
+  // Connect and request timeout of the agent's background connections (its
+  // monitor): short, so that an unreachable endpoint shows within the
+  // liveness bound.
+  std::chrono::milliseconds monitor_timeout{3'000};
   // Longest wait between two looks at the rendezvous (the store wakes the
   // waits on the keys that matter; this bounds how soon an end is seen).
   std::chrono::milliseconds poll_interval{1'000};
@@ -101,6 +105,10 @@ class C10dHandler : public Handler {
   // Polls the state machine until this node is in a complete round, then
   // sets up that round's workers' store.
   RendezvousInfo form();
+  C10dRound form_round();
+  // A waiting node that hosts the endpoint's store, when the job ends: keeps
+  // the store up until the members have left (bounded).
+  void linger_for_members();
   RendezvousInfo round_info(const C10dRound& round);
 
   C10dOptions options_;

@@ -48,7 +48,7 @@ int int_field(const nlohmann::json& j, const char* name, const std::string& key)
 }
 
 int64_t int_text(const std::string& raw, const std::string& key) {
-  if (raw.empty() || raw.size() > 18 ||
+  if (raw.empty() || raw.size() > 9 ||
       !std::all_of(raw.begin(), raw.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     throw ProtocolError("unreadable number at key '" + key + "': " + raw.substr(0, 100));
   }
@@ -57,7 +57,7 @@ int64_t int_text(const std::string& raw, const std::string& key) {
 
 // A slot: 'n' or 'm' and a number.
 bool valid_slot(const std::string& s) {
-  return s.size() >= 2 && s.size() <= 11 && (s[0] == 'n' || s[0] == 'm') &&
+  return s.size() >= 2 && s.size() <= 10 && (s[0] == 'n' || s[0] == 'm') &&
          std::all_of(s.begin() + 1, s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
@@ -73,8 +73,9 @@ std::string C10dState::closed_key(int generation) {
 
 C10dState::C10dState(store::Store& job, C10dSettings settings, NodeInfo me, C10dTiming timing,
                      std::function<Clock::time_point()> now,
-                     std::function<WallClock::time_point()> wall_now)
+                     std::function<WallClock::time_point()> wall_now, store::Store* presence)
     : job_(job),
+      presence_(presence),
       settings_(std::move(settings)),
       me_(std::move(me)),
       timing_(timing),
@@ -113,7 +114,11 @@ void C10dState::join() {
     if (at == j.end() || !at->is_number_integer() || outcome == j.end() || !outcome->is_string()) {
       throw ProtocolError("unreadable record at key '" + key + "'");
     }
-    const auto closed_at = WallClock::time_point(std::chrono::milliseconds(at->get<int64_t>()));
+    const int64_t at_ms = at->get<int64_t>();
+    if (at_ms < 0 || at_ms > int64_t{1} << 50) {
+      throw ProtocolError("unreadable record at key '" + key + "': closed_at_ms out of range");
+    }
+    const auto closed_at = WallClock::time_point(std::chrono::milliseconds(at_ms));
     const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(wall_now_() - closed_at);
     if (age < timing_.closed_window) {
       throw JobClosedError(
@@ -124,7 +129,7 @@ void C10dState::join() {
               ") of the end is refused, so that a restarted node does not start the job again. "
               "Use another --rdzv_id, or wait " +
               format_duration(timing_.closed_window - age),
-          outcome->get<std::string>(), false);
+          outcome->get<std::string>(), false, false);
     }
     // The window has passed: the id is free for a new job.
     job_.compare_set("generation", std::to_string(g), std::to_string(g + 1));
@@ -139,41 +144,57 @@ void C10dState::join() {
     CTORCHRUN_CHECK(step < kMaxSteps, "no forming round of the rendezvous");
     ++r;
   }
-  enter_as_newcomer(r);
+  enter_as_newcomer(r, 0, r == 0);
 }
 
 void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost) {
   CTORCHRUN_CHECK(
       settings_checked_ && previous.round == round_ && previous.generation == generation_,
       "C10dState::rejoin() of a round this node did not form");
-  int lost_members = 0;
-  for (int g = 0; g < static_cast<int>(previous.nodes.size()); ++g) {
-    if (g != previous.group_rank && std::find(lost.begin(), lost.end(), g) != lost.end()) {
-      ++lost_members;
-    }
+  const int size = static_cast<int>(previous.nodes.size());
+  const int expected = expected_members(size, lost);
+  const bool me_lost = std::find(lost.begin(), lost.end(), previous.group_rank) != lost.end();
+  attempt_ = attempt;
+  if (me_lost) {
+    // Declared lost, yet here: not one of those the round waits for; it
+    // comes as a newcomer, after them.
+    enter_as_newcomer(previous.round + 1, attempt, true);
+    expected_back_ = expected;
+    running_members_ = size;
+    return;
   }
   round_ = previous.round + 1;
   slot_ = "m" + std::to_string(previous.group_rank);
-  expected_back_ = static_cast<int>(previous.nodes.size()) - lost_members;
+  expected_back_ = expected;
   open_ = true;
-  running_members_ = static_cast<int>(previous.nodes.size());
+  running_members_ = size;
   min_seen_ = false;
   last_call_since_.reset();
   claim_seen_at_.reset();
   enter(slot_, attempt);
 }
 
-void C10dState::enter_as_newcomer(int round) {
+int C10dState::expected_members(int size, const std::vector<int>& lost) {
+  int lost_members = 0;
+  for (int g = 0; g < size; ++g) {
+    if (std::find(lost.begin(), lost.end(), g) != lost.end()) ++lost_members;
+  }
+  return size - lost_members;
+}
+
+void C10dState::enter_as_newcomer(int round, int attempt, bool open) {
   round_ = round;
+  attempt_ = attempt;
   expected_back_ = 0;
   min_seen_ = false;
   last_call_since_.reset();
   claim_seen_at_.reset();
-  open_ = round == 0;
+  open_ = open;
   running_members_ = 0;
+  next_watched_ = 0;
   const int i = static_cast<int>(job_.add(key("joined"), 1));
   slot_ = "n" + std::to_string(i);
-  enter(slot_, 0);
+  enter(slot_, attempt);
 }
 
 std::string C10dState::record_json(int attempt) const {
@@ -186,7 +207,9 @@ std::string C10dState::record_json(int attempt) const {
 }
 
 void C10dState::enter(const std::string& slot, int attempt) {
-  job_.set(key("node/" + slot), record_json(attempt));
+  // On the presence connection, the record vanishes with this agent (and its
+  // gone marker tells the node that builds the roster).
+  (presence_ != nullptr ? *presence_ : job_).set(key("node/" + slot), record_json(attempt));
   job_.append(key("entered"), slot + ",");
   int rejoined = 0;
   if (slot[0] == 'm') rejoined = static_cast<int>(job_.add(key("rejoined"), 1));
@@ -231,8 +254,20 @@ void C10dState::try_complete() {
   std::vector<std::string> slots;
   for (const auto* list : {&back, &fresh}) {
     for (const auto& p : *list) {
-      if (static_cast<int>(slots.size()) < settings_.max_nodes) slots.push_back(p.second);
+      if (static_cast<int>(slots.size()) >= settings_.max_nodes) break;
+      // A node that entered and died since (its record's gone marker is set)
+      // is not a member.
+      if (presence_ != nullptr &&
+          job_.check({key("node/" + p.second) + store::protocol::kGoneSuffix})) {
+        continue;
+      }
+      slots.push_back(p.second);
     }
+  }
+  if (static_cast<int>(slots.size()) < settings_.min_nodes) {
+    // Dead entrants counted towards MIN: wait for more. The claim goes.
+    job_.delete_key(key("claim"));
+    return;
   }
   std::vector<std::string> keys;
   for (const auto& s : slots) keys.push_back(key("node/" + s));
@@ -259,6 +294,7 @@ C10dRound C10dState::read_roster(const std::string& raw) {
   r.generation = generation_;
   r.round = round_;
   r.group_rank = -1;
+  int64_t world = 0;
   for (const auto& m : *members) {
     if (!m.is_object()) throw ProtocolError("unreadable roster at key '" + k + "'");
     auto slot = m.find("slot");
@@ -277,9 +313,17 @@ C10dRound C10dState::read_roster(const std::string& raw) {
     if (n.local_world_size < 1) {
       throw ProtocolError("roster at key '" + k + "': a member with local_world_size 0");
     }
+    if (n.local_world_size > (1 << 20)) {
+      throw ProtocolError("roster at key '" + k + "': local_world_size out of range");
+    }
+    world += n.local_world_size;
     r.attempt = std::max(r.attempt, int_field(m, "attempt", k));
     if (slot->get<std::string>() == slot_) r.group_rank = n.group_rank;
+    r.slots.push_back(slot->get<std::string>());
     r.nodes.push_back(std::move(n));
+  }
+  if (world > (int64_t{1} << 30)) {
+    throw ProtocolError("roster at key '" + k + "': a world size out of range");
   }
   return r;
 }
@@ -293,17 +337,20 @@ void C10dState::check_closed(bool while_waiting) {
                                                                    : std::string("ended");
   if (while_waiting) job_.add("g" + std::to_string(generation_) + "/rdzv/closed_seen", 1);
   throw JobClosedError("the job ended (" + o + ") while this node waited for a round", o,
-                       while_waiting);
+                       while_waiting, was_member_);
 }
 
 std::optional<C10dRound> C10dState::poll() {
   CTORCHRUN_CHECK(round_ >= 0, "C10dState::poll() before join()");
   if (job_.check({key("complete")})) {
     C10dRound r = read_roster(job_.get(key("complete")));
-    if (r.group_rank >= 0) return r;
+    if (r.group_rank >= 0) {
+      was_member_ = true;
+      return r;
+    }
     // Left out (the round was full, or completed before this node came
-    // back): wait in the next one.
-    enter_as_newcomer(round_ + 1);
+    // back): wait in the next one, carrying the restart count it has.
+    enter_as_newcomer(round_ + 1, attempt_, false);
     running_members_ = static_cast<int>(r.nodes.size());
     return std::nullopt;
   }
@@ -319,18 +366,26 @@ std::optional<C10dRound> C10dState::poll() {
           if (m != j.end() && m->is_array()) running_members_ = static_cast<int>(m->size());
         }
       }
+      watch_running_round();
       return std::nullopt;
     }
     // Round round_-1 made way: this round is open. The members of round_-1
     // not lost are expected back.
     auto reform = parse_object(job_.get(reform_key), reform_key);
-    auto lost = reform.find("lost");
-    int lost_count = lost != reform.end() && lost->is_array() ? static_cast<int>(lost->size()) : 0;
+    auto lost_json = reform.find("lost");
+    std::vector<int> lost;
+    if (lost_json != reform.end() && lost_json->is_array()) {
+      for (const auto& v : *lost_json) {
+        if (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxSteps) {
+          lost.push_back(v.get<int>());
+        }
+      }
+    }
     const std::string prev = round_key(generation_, round_ - 1, "complete");
     auto j = parse_object(job_.get(prev), prev);
     auto m = j.find("members");
     int size = m != j.end() && m->is_array() ? static_cast<int>(m->size()) : 0;
-    expected_back_ = std::max(0, size - lost_count);
+    expected_back_ = expected_members(size, lost);
     open_ = true;
   }
   const int count = static_cast<int>(job_.add(key("count"), 0));
@@ -373,7 +428,34 @@ int C10dState::closed_seen() {
   return static_cast<int>(job_.add("g" + std::to_string(generation_) + "/rdzv/closed_seen", 0));
 }
 
-void C10dState::mark_finishing() { job_.set(key("finishing"), "1"); }
+bool C10dState::mark_finishing(int attempt) {
+  return job_.compare_set(key("gate/" + std::to_string(attempt)), "", "finishing") == "finishing";
+}
+
+void C10dState::watch_running_round() {
+  // Every member of the running round may have died: nobody would re-form it
+  // then, and this node would wait for ever. One presence per poll, in turn;
+  // when one is gone, all are looked at.
+  if (presence_ == nullptr || running_members_ <= 0 || round_ < 1) return;
+  auto gone = [&](int g) {
+    return job_.check({C10dRoundWatch::present_key(generation_, round_ - 1, g) +
+                       store::protocol::kGoneSuffix});
+  };
+  const int g = next_watched_++ % running_members_;
+  if (!gone(g)) return;
+  MembershipChange change;
+  for (int m = 0; m < running_members_; ++m) {
+    if (!gone(m)) return;
+    change.lost.push_back(m);
+  }
+  change.cause = "agent exited";
+  change.reason = "every node of round " + std::to_string(round_ - 1) + " was lost (agent exited)";
+  job_.compare_set(round_key(generation_, round_ - 1, "reform"), "",
+                   nlohmann::json{{"reason", change.reason},
+                                  {"lost", change.lost},
+                                  {"cause", change.cause}}
+                       .dump());
+}
 
 std::string C10dState::progress() {
   int count = round_ >= 0 ? static_cast<int>(job_.add(key("count"), 0)) : 0;
@@ -434,7 +516,7 @@ std::string C10dRoundWatch::present_key(int generation, int round, int group_ran
   return C10dState::round_key(generation, round, "present/" + std::to_string(group_rank));
 }
 
-std::optional<MembershipChange> C10dRoundWatch::check() {
+std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   const std::string k = key(round_, "reform");
   if (job_.check({k})) return parse(job_.get(k));
   if (members_ > 1) {
@@ -458,7 +540,11 @@ std::optional<MembershipChange> C10dRoundWatch::check() {
     return std::nullopt;
   }
   const int64_t waiting = job_.add(key(round_ + 1, "count"), 0);
-  if (waiting <= 0 || job_.check({key(round_, "finishing")})) return std::nullopt;
+  if (waiting <= 0) return std::nullopt;
+  // One gate per attempt: either it admits or its workers finish, never both.
+  if (job_.compare_set(key(round_, "gate/" + std::to_string(attempt)), "", "admit") != "admit") {
+    return std::nullopt;
+  }
   MembershipChange admit;
   admit.reason =
       "admitting " + std::to_string(waiting) + " waiting node" + (waiting == 1 ? "" : "s");

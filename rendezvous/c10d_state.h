@@ -40,8 +40,10 @@
 //     reform             compare_set once, by a member of R: round R makes way
 //                        for R+1: {"reason", "lost": [group ranks in R]}. This
 //                        opens R+1; no round R+1 completes before it.
-//     finishing          set by a member whose workers succeeded: the round
-//                        admits nobody any more (re-forming would redo work)
+//     gate/<k>           compare_set once per attempt k: "admit" (an
+//                        admission re-forms the round) or "finishing" (a
+//                        member's workers succeeded: no admission in attempt k,
+//                        re-forming would redo work); whichever comes first
 //   g<G>/rdzv/closed     {"outcome", "round", "closed_at_ms"}: the job ended
 //                        (succeeded, or its restarts ran out). A node arriving
 //                        within `closed_window` of closed_at_ms is refused
@@ -58,11 +60,16 @@
 //     - count >= MIN and last_call_timeout has passed on a node's own steady
 //       clock since it saw rdzv/<R>/min.
 //     Completing = compare_set(claim) then compare_set(complete); a claim
-//     not followed by a roster within claim_timeout is overridden.
+//     not followed by a roster within claim_timeout is overridden. Entrants
+//     whose record's gone marker is set (they died since) are left out; with
+//     fewer than MIN left the claim is dropped and the round waits on.
 //   reform (C10dRoundWatch, any member):
 //     - admission: nodes wait in round R+1, round R has fewer than MAX
-//       members, nobody is finishing, and last_call_timeout has passed since
-//       this member saw R complete (so at most one admission per last call);
+//       members, last_call_timeout has passed since this member saw R complete
+//       (so at most one admission per last call), and it takes the attempt's
+//       gate before any member's workers finish;
+//     - every member lost: a node waiting in R+1 finds every member's
+//       presence gone (it looks at one per poll) and re-forms R itself;
 //     - loss: a member's presence key vanished with its agent (the next member
 //       sees its gone marker and lists every member whose marker is there),
 //       or the caller names the lost members (C10dRoundWatch::reform; the
@@ -106,25 +113,33 @@ struct C10dRound {
   int generation = 0;
   int round = 0;
   int group_rank = 0;
-  std::vector<NodeInfo> nodes;  // indexed by group rank
+  std::vector<NodeInfo> nodes;     // indexed by group rank
+  std::vector<std::string> slots;  // each member's slot, by group rank
   // The job's restart count when this round starts: the highest any member
-  // carries (newcomers carry none).
+  // carries (a node carries the count it last ran with; a fresh one 0).
   int attempt = 0;
 };
 
 // The job this node tried to join has ended.
 class JobClosedError : public RendezvousClosedError {
  public:
-  JobClosedError(const std::string& what, std::string outcome, bool while_waiting)
-      : RendezvousClosedError(what), outcome_(std::move(outcome)), while_waiting_(while_waiting) {}
+  JobClosedError(const std::string& what, std::string outcome, bool while_waiting,
+                 bool was_member)
+      : RendezvousClosedError(what),
+        outcome_(std::move(outcome)),
+        while_waiting_(while_waiting),
+        was_member_(was_member) {}
   const std::string& outcome() const { return outcome_; }
   // True: this node waited (a spare, or to be admitted) when the job ended.
   // False: it arrived after the end, within the closed window.
   bool while_waiting() const { return while_waiting_; }
+  // True: this node had run in a round of the job (its end is this node's).
+  bool was_member() const { return was_member_; }
 
  private:
   std::string outcome_;
   bool while_waiting_;
+  bool was_member_;
 };
 
 struct C10dTiming {
@@ -140,9 +155,14 @@ class C10dState {
   using Clock = std::chrono::steady_clock;
   using WallClock = std::chrono::system_clock;
 
+  // `presence`, when given, is a connection whose keys vanish with this agent
+  // (store/protocol.h's BIND_KEYS, on the same store and namespace as `job`):
+  // the node's records go there, so that a node that dies before its round
+  // completes is left out of it.
   C10dState(store::Store& job, C10dSettings settings, NodeInfo me, C10dTiming timing,
             std::function<Clock::time_point()> now = Clock::now,
-            std::function<WallClock::time_point()> wall_now = WallClock::now);
+            std::function<WallClock::time_point()> wall_now = WallClock::now,
+            store::Store* presence = nullptr);
 
   // Finds the id's generation (refusing a job closed within the window),
   // checks the settings and enters the round now forming as a newcomer.
@@ -151,7 +171,8 @@ class C10dState {
 
   // After `previous` (this node's round) was re-formed: enters the next round
   // as that round's member, carrying `attempt` (the job's restart count).
-  // `lost` are the members of `previous` not expected back.
+  // `lost` are the members of `previous` not expected back; a node listed
+  // there itself enters as a newcomer.
   void rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost);
 
   // One step: the round once it is complete with this node in it. A node left
@@ -177,9 +198,11 @@ class C10dState {
   // How many waiting nodes have seen the job's end.
   int closed_seen();
 
-  // Marks the running round (after poll returned it) finishing: no admission
-  // re-forms it.
-  void mark_finishing();
+  // Marks attempt `attempt` of the running round (after poll returned it)
+  // finishing: no admission re-forms it. One compare_set on the attempt's
+  // gate, which an admission takes too: false when an admission came first
+  // (the round re-forms).
+  bool mark_finishing(int attempt);
 
   // "2 of min 3, max 4 nodes joined round 0": for messages.
   std::string progress();
@@ -195,7 +218,11 @@ class C10dState {
  private:
   std::string key(const std::string& what) const { return round_key(generation_, round_, what); }
   void check_settings();
-  void enter_as_newcomer(int round);
+  void enter_as_newcomer(int round, int attempt, bool open);
+  // Members of a round of `size` that are not in `lost`.
+  static int expected_members(int size, const std::vector<int>& lost);
+  // A waiting node: re-forms the running round when all its members are gone.
+  void watch_running_round();
   void enter(const std::string& slot, int attempt);
   std::string record_json(int attempt) const;
   // Claims and builds round_'s roster, unless another node holds a fresh claim.
@@ -204,6 +231,7 @@ class C10dState {
   void check_closed(bool while_waiting);
 
   store::Store& job_;
+  store::Store* presence_;
   C10dSettings settings_;
   NodeInfo me_;
   C10dTiming timing_;
@@ -220,6 +248,9 @@ class C10dState {
   std::optional<Clock::time_point> last_call_since_;
   std::optional<Clock::time_point> claim_seen_at_;
   bool settings_checked_ = false;
+  bool was_member_ = false;
+  int attempt_ = 0;       // the restart count this node carries
+  int next_watched_ = 0;  // waiting: the running round's member to look at next
 };
 
 // Watches a running round for the need to re-form, from the agent's monitor
@@ -234,7 +265,7 @@ class C10dRoundWatch {
   // The reform of the round once set (by this node or another), after
   // setting it for an admission that is due or for members whose agents
   // exited (their presence keys' gone markers, see present_key).
-  std::optional<MembershipChange> check();
+  std::optional<MembershipChange> check(int attempt);
   // Re-forms the round without change.lost (first writer wins; returns the
   // winner).
   MembershipChange reform(const MembershipChange& change);

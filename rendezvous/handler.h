@@ -63,7 +63,8 @@ struct RendezvousInfo {
   // From the agent's monitor thread, on a connection of its own: whether the
   // round must give way (set by this node for an admission that is due or a
   // member whose agent exited, or by another). Throws what the store throws.
-  std::function<std::optional<MembershipChange>()> check_membership;
+  // `attempt`: the attempt now running (admissions take its gate).
+  std::function<std::optional<MembershipChange>(int attempt)> check_membership;
   // Re-forms the round without change.lost (first writer wins: returns the
   // change that did). Thread-safe; a connection of its own.
   std::function<MembershipChange(const MembershipChange& change)> reform;
@@ -72,8 +73,10 @@ struct RendezvousInfo {
   std::function<void()> withdraw;
   // Where the agents' store is ("host:port"), for messages; empty: master_addr.
   std::string store_endpoint;
-  // This node's workers succeeded: the round admits nobody any more.
-  std::function<void()> mark_finishing;
+  // This node's workers of `attempt` succeeded: no admission re-forms the
+  // round in that attempt (false: one already does), and this node's
+  // presence is withdrawn (it is done; its exit is no loss).
+  std::function<bool(int attempt)> mark_finishing;
   // The job ended ("succeeded" or "failed"): closes the rendezvous id.
   std::function<void(const std::string& outcome)> close;
 };

@@ -198,7 +198,7 @@ TEST_CASE(
   REQUIRE(r0.has_value());
   CHECK(r0->nodes.size() == 1);
   C10dRoundWatch watch(hs, settings(1, 3), *r0, 5s, clock.fn());
-  CHECK_FALSE(watch.check().has_value());  // nobody waits
+  CHECK_FALSE(watch.check(0).has_value());  // nobody waits
 
   b.state.join();
   CHECK_FALSE(b.state.poll().has_value());
@@ -206,7 +206,7 @@ TEST_CASE(
   CHECK_FALSE(b.state.spare());
   CHECK(b.state.wait_key() == "g0/rdzv/0/reform");
   clock.advance(5s);
-  auto change = watch.check();
+  auto change = watch.check(0);
   REQUIRE(change.has_value());
   CHECK(change->reason == "admitting 1 waiting node");
   CHECK(change->lost.empty());
@@ -239,7 +239,7 @@ TEST_CASE("C10dState: admissions are batched, at most one re-formation per last 
   clock.advance(10s);
   Node b(hs, clock, settings(1, 4), "b", 10s);
   b.state.join();
-  auto change = watch0.check();
+  auto change = watch0.check(0);
   REQUIRE(change);
   a.state.rejoin(*r0, 0, {});
   auto r1 = a.state.poll();
@@ -251,12 +251,12 @@ TEST_CASE("C10dState: admissions are batched, at most one re-formation per last 
   Node c(hs, clock, settings(1, 4), "c", 10s);
   Node d(hs, clock, settings(1, 4), "d", 10s);
   c.state.join();
-  CHECK_FALSE(watch1.check().has_value());
+  CHECK_FALSE(watch1.check(0).has_value());
   clock.advance(5s);
   d.state.join();
-  CHECK_FALSE(watch1.check().has_value());
+  CHECK_FALSE(watch1.check(0).has_value());
   clock.advance(5s);
-  auto change1 = watch1.check();
+  auto change1 = watch1.check(0);
   REQUIRE(change1);
   CHECK(change1->reason == "admitting 2 waiting nodes");
 }
@@ -279,7 +279,7 @@ TEST_CASE(
   CHECK(c.state.spare());
   C10dRoundWatch watch(hs, settings(1, 2), *r0, 1s, clock.fn());
   clock.advance(1h);
-  CHECK_FALSE(watch.check().has_value());  // no room: no re-formation
+  CHECK_FALSE(watch.check(0).has_value());  // no room: no re-formation
   CHECK_FALSE(c.state.poll().has_value());
 
   CHECK(a.state.close("succeeded") == 1);  // one node waits
@@ -317,7 +317,7 @@ TEST_CASE("C10dState: a lost member's place goes to a spare, the survivors keep 
   CHECK(second.reason == "node 1 lost");
   CHECK(second.lost == std::vector<int>{1});
   CHECK(second.cause == "heartbeat timeout");
-  REQUIRE(w0.check());
+  REQUIRE(w0.check(0));
 
   n[2]->state.rejoin(r0[2], 0, first.lost);
   CHECK_FALSE(n[2]->state.poll().has_value());  // "a" is expected back
@@ -373,11 +373,11 @@ TEST_CASE("C10dState: a round whose workers finish admits nobody", "[unit]") {
   auto r0 = a.state.poll();
   REQUIRE(r0);
   C10dRoundWatch w(hs, settings(1, 2), *r0, 1s, clock.fn());
-  a.state.mark_finishing();
+  CHECK(a.state.mark_finishing(0));
   Node b(hs, clock, settings(1, 2), "b", 1s);
   b.state.join();
   clock.advance(10s);
-  CHECK_FALSE(w.check().has_value());
+  CHECK_FALSE(w.check(0).has_value());
 }
 
 TEST_CASE(
@@ -539,7 +539,7 @@ TEST_CASE("C10dState: an unreadable roster or reform record is a protocol error 
   REQUIRE(r);
   hs2.set("g0/rdzv/0/reform", "{\"reason\": \"x\", \"lost\": [5]}");
   C10dRoundWatch w(hs2, settings(1, 1), *r, 1s, clock.fn());
-  CHECK_THROWS_AS(w.check(), ProtocolError);
+  CHECK_THROWS_AS(w.check(0), ProtocolError);
 }
 
 TEST_CASE(
@@ -559,17 +559,17 @@ TEST_CASE(
   for (auto& round : r) {
     w.push_back(std::make_unique<C10dRoundWatch>(hs, settings(1, 4), round, 3600s, clock.fn()));
   }
-  for (auto& x : w) CHECK_FALSE(x->check().has_value());
+  for (auto& x : w) CHECK_FALSE(x->check(0).has_value());
   // Members 1 and 3 die: the store sets their presence keys' gone markers.
   hs.set(C10dRoundWatch::present_key(0, 0, 1) + "#gone", "1");
   hs.set(C10dRoundWatch::present_key(0, 0, 3) + "#gone", "1");
   // Member 2 watches member 3, member 0 watches member 1: either finds both.
-  auto change = w[2]->check();
+  auto change = w[2]->check(0);
   REQUIRE(change);
   CHECK(change->lost == std::vector<int>{1, 3});
   CHECK(change->cause == "agent exited");
   CHECK(change->reason == "lost nodes 1, 3 (agent exited)");
-  auto seen = w[0]->check();
+  auto seen = w[0]->check(0);
   REQUIRE(seen);
   CHECK(seen->lost == change->lost);
   // The survivors come back with no last call.
