@@ -7,8 +7,10 @@
 // root (CI runs as root); without it the set-up fails the test rather than
 // skipping it.
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
@@ -98,11 +100,19 @@ struct Agent {
     }
     return false;
   }
+  // Its exit code, or -1 when it still runs after `timeout`: then its
+  // process group is killed.
   int finish(std::chrono::milliseconds timeout) {
     int rc = p->exit_code(timeout);
+    if (rc == -1) {
+      p->signal_group(SIGKILL);
+      p->exit_code(5s);
+    }
     out += p->read_all(1s);
     return rc;
   }
+  // Takes in what it printed so far.
+  void drain() { out += p->read_all(100ms); }
 };
 
 // The job's workers: one per node, each appending "WORLD_SIZE GROUP_RANK
@@ -204,10 +214,10 @@ bool says_keep_alive_ignored(const std::string& out) {
 }
 
 // Everything the agents printed and recorded, for a failure's message.
-std::string report(const Job& job,
-                   const std::vector<std::pair<std::string, const Agent*>>& agents) {
+std::string report(const Job& job, const std::vector<std::pair<std::string, Agent*>>& agents) {
   std::string s;
   for (const auto& [name, agent] : agents) {
+    if (agent) agent->drain();
     s += "---- agent " + name + " (seen: " + job.worlds(name) + "):\n" +
          (agent ? agent->out : std::string()) + "events:\n" + job.events(name);
   }
@@ -242,9 +252,10 @@ TEST_CASE(
   const double reform_s = seconds_since(cut);
   need(reformed, "A and B did not re-form at world 2");
   // C stops its worker and exits 3 naming the endpoint's store, after about
-  // the same bound. (Its exit is awaited longer, to report when it comes.)
+  // the same bound. (Its exit is awaited up to 20 s, then it is killed: a
+  // longer wait would outlast the survivors' bounded workers.)
   const double c_worker_s = seconds_until_gone(c_worker, cut, 30s);
-  const int rc_c = c.finish(75s);
+  const int rc_c = c.finish(20s);
   const double c_exit_s = seconds_since(cut);
   {
     INFO(dump());
@@ -272,7 +283,7 @@ TEST_CASE(
   // node: the world grows back to 3, still without a restart.
   REQUIRE(net.link("c", true));
   c2 = std::make_unique<Agent>(job.start("c", "c2"));
-  need(job.wait_worlds({"a", "b"}, "3/0 2/0 3/0", 60s) && job.wait_worlds({"c2"}, "3/0", 10s),
+  need(job.wait_worlds({"a", "b"}, "3/0 2/0 3/0", 30s) && job.wait_worlds({"c2"}, "3/0", 10s),
        "the new node on C was not admitted at world 3");
 
   job.stop();
@@ -312,7 +323,10 @@ TEST_CASE(
   std::map<std::string, int> rc;
   std::map<std::string, double> exit_s;
   for (const auto& [name, agent] : {std::pair{"b", &b}, std::pair{"c", &c}}) {
-    rc[name] = agent->finish(75s);
+    // Both awaited up to 20 s after the cut, then killed.
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(cut + 20s - Clock::now());
+    rc[name] = agent->finish(std::max(left, std::chrono::milliseconds(0)));
     exit_s[name] = seconds_since(cut);
   }
   // A, which hosts the store, lost both others by their heartbeats and goes
