@@ -252,7 +252,7 @@ TEST_CASE(
   const double reform_s = seconds_since(cut);
   need(reformed, "A and B did not re-form at world 2");
   // C stops its worker and exits 3 naming the endpoint's store, after about
-  // the same bound. (Its exit is awaited up to 20 s, then it is killed: a
+  // the same bound. (Its exit is awaited 20 s more, then it is killed: a
   // longer wait would outlast the survivors' bounded workers.)
   const double c_worker_s = seconds_until_gone(c_worker, cut, 30s);
   const int rc_c = c.finish(20s);
