@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -257,6 +258,10 @@ TEST_CASE(
   const double c_worker_s = seconds_until_gone(c_worker, cut, 30s);
   const int rc_c = c.finish(20s);
   const double c_exit_s = seconds_since(cut);
+  // The figures of bench/RESULTS.md's network-cut line.
+  std::printf("network cut: survivors re-formed after %.2f s, the cut node's worker stopped after "
+              "%.2f s, its agent exited %d after %.2f s\n",
+              reform_s, c_worker_s, rc_c, c_exit_s);
   {
     INFO(dump());
     INFO("re-formed at world 2 after " << reform_s << " s; c's worker stopped after " << c_worker_s
