@@ -9,6 +9,7 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,12 @@
 #include "tests/support/etcd_server.h"
 
 namespace ctorchrun::etcd {
+
+// Catch2 prints a failed status check by name.
+std::ostream& operator<<(std::ostream& os, EtcdStore::KeyStatus s) {
+  return os << EtcdStore::to_string(s);
+}
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -308,6 +315,34 @@ TEST_CASE("EtcdStore: wait_vacated wakes on a deliberate delete from another cli
   CHECK(status == Status::kLeft);
   // Absent already: returns at once, whatever the timeout.
   CHECK(observer->wait_vacated("never-created", 0ms) == Status::kAbsent);
+}
+
+TEST_CASE("EtcdStore: after its lease is lost a store refuses to create keys until bound again",
+          "[multiproc]") {
+  EtcdCluster cluster(1);
+  auto observer = store_of(cluster, "/job/");
+  auto holder = store_of(cluster, "/job/");
+  holder->bind_keys_to_lease(3s);
+  holder->set("k", "v");
+  const auto first = holder->lease_id();
+  REQUIRE(observer->client()->lease_revoke(first));
+  CHECK(observer->key_status("k") == Status::kLost);
+  // The keeper learns it at its next refresh (every second here).
+  const auto deadline = Clock::now() + 10s;
+  while (!holder->lease_lost() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  REQUIRE(holder->lease_lost());
+  CHECK_FALSE(holder->lease_lost_reason().empty());
+  try {
+    holder->set("k2", "v");
+    FAIL("set created a key on a lost lease");
+  } catch (const IoError& e) {
+    CHECK(std::string(e.what()).find(std::to_string(first)) != std::string::npos);
+  }
+  CHECK_FALSE(observer->check({"k2"}));
+  holder->bind_keys_to_lease(3s);
+  CHECK(holder->lease_id() != first);
+  holder->set("k", "back");
+  CHECK(observer->key_status("k") == Status::kHeld);
 }
 
 TEST_CASE("EtcdStore: a store whose etcd is stopped throws IoError within the read timeout",
