@@ -9,7 +9,7 @@
 //  - add() stores decimal text (as TcpStore does) and parses the old value as
 //    C's stoll (leading blanks, trailing junk ignored); a missing key counts
 //    as 0; a value that holds no number throws Error.
-//  - compare_set() follows torch's four rules in ONE transaction: the key is
+//  - compare_set() follows torch's four rules in one transaction: the key is
 //    created when absent and `expected` is "", replaced when it holds
 //    `expected` (including "" == ""), and otherwise left alone; the return is
 //    `desired` after a store, `expected` when the key is absent and `expected`
@@ -21,7 +21,9 @@
 //    between the read and the watch is replayed by the watch). One missing key
 //    is watched alone; several through one watch on their longest common
 //    prefix. As torch's TCP store counts a SET seen during a wait, a key set
-//    and deleted again after the read counts as set.
+//    and deleted again after the read counts as set. When etcd has compacted
+//    the history a watch needs, the keys still missing are read again and
+//    watched from that read.
 //  - check() and the reads of wait()/multi_get() see one snapshot for up to
 //    kMaxTxnOps keys (one transaction); more keys take one transaction per
 //    kMaxTxnOps keys.
@@ -74,14 +76,16 @@
 // need not know whether K was ever created. wait_vacated() blocks until K is
 // absent and says why. There is no single key whose existence means "lost",
 // so check()/wait() on K#gone do not apply here: a TcpStore gone marker
-// check becomes key_status(K) == kLost. After a deliberate deletion K#left
-// stays; delete it when the name is reused unbound, or let the next bound
-// creation do so.
+// check becomes key_status(K) == kLost. The markers stay until K is created
+// again (any creation clears them) or someone deletes them like any key; a
+// run's keys usually go with its prefix.
 //
 // Lease loss: when the keeper reports the lease lost (lease_lost()), the
-// bound keys are gone or going; every later call that would create a key
-// throws IoError naming the reason, until bind_keys_to_lease() is called
-// again (a new lease; keys of the old one stay with it).
+// bound keys are gone or going. From then on set(), multi_set() and
+// compare_set() with expected "" throw IoError naming the reason, and so do
+// add() and append() on a missing key, until bind_keys_to_lease() is called
+// again (a new lease; keys of the old one stay with it). Reads, waits,
+// deletes and the other writes go on working.
 // Destruction stops the keeper and leaves the lease to expire, exactly as if
 // the process had died: delete keys first to leave them on purpose.
 //
