@@ -148,6 +148,31 @@ std::string common_prefix(const std::vector<std::string>& keys) {
   return p;
 }
 
+// The next event of `watch` before `deadline`, or nullopt once it passed.
+// Watch::next() keeps re-creating a lost stream until the deadline it is
+// given and only then throws IoError, so a wait of 300 s on a dead etcd
+// would hang for 300 s. Waiting in slices of the read timeout instead turns
+// a stream that no member takes back for a whole read timeout into IoError,
+// within about twice the read timeout of the loss, as for any other call.
+std::optional<WatchEvent> next_event(Watch& watch, std::chrono::steady_clock::time_point deadline,
+                                     std::chrono::milliseconds read_timeout) {
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> failing_since;
+  for (;;) {
+    const auto now = Clock::now();
+    if (now >= deadline) return std::nullopt;
+    try {
+      auto e = watch.next(std::min(deadline, now + read_timeout));
+      if (e) return e;
+      failing_since.reset();  // the slice ended with the stream up
+    } catch (const IoError&) {
+      const auto t = Clock::now();
+      if (!failing_since) failing_since = t;
+      if (t - *failing_since >= read_timeout) throw;
+    }
+  }
+}
+
 }  // namespace
 
 struct EtcdStore::Snapshot {
@@ -282,7 +307,7 @@ std::string EtcdStore::get(const std::string& key) {
     try {
       auto watch = client_->watch(k, snap.revision + 1, false);
       for (;;) {
-        auto e = watch->next(deadline);
+        auto e = next_event(*watch, deadline, client_->read_timeout());
         if (!e)
           throw TimeoutError("get of key '" + printable(key) + "' on " + where() +
                              " timed out after " + format_duration(timeout_));
@@ -411,7 +436,7 @@ void EtcdStore::wait_missing(std::vector<std::string> missing, std::int64_t revi
                                          ? client_->watch(now[0], revision + 1, false)
                                          : client_->watch(common_prefix(now), revision + 1, true);
       while (!left.empty()) {
-        auto e = watch->next(deadline);
+        auto e = next_event(*watch, deadline, client_->read_timeout());
         if (!e) {
           std::vector<std::string> names;
           for (const auto& k : left) names.push_back(k.substr(prefix_.size()));
@@ -595,7 +620,7 @@ EtcdStore::KeyStatus EtcdStore::wait_vacated(const std::string& key,
   // revision, so a later re-creation cannot blur why the key went.
   auto watch = client_->watch(k, snap.revision + 1, true);
   for (;;) {
-    auto e = watch->next(deadline);
+    auto e = next_event(*watch, deadline, client_->read_timeout());
     if (!e)
       throw TimeoutError("wait for key '" + printable(key) + "' to go on " + where() +
                          " timed out after " + format_duration(timeout));

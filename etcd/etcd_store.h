@@ -90,8 +90,9 @@
 // the process had died: delete keys first to leave them on purpose.
 //
 // Errors: IoError when no member answers within the client's read timeout
-// (from the client), TimeoutError when a wait passes its deadline (naming the
-// missing keys, the prefix and the timeout), Error when add() meets a
+// (from the client; a blocked wait whose watch no member takes back for a
+// whole read timeout fails so too, within about twice it), TimeoutError when a wait passes its
+// deadline (naming the missing keys, the prefix and the timeout), Error when add() meets a
 // non-integer, ConfigError for multi_set() with sizes that differ,
 // ProtocolError/EtcdError as the client throws them. After any throw the
 // store is usable (every request is its own exchange).

@@ -376,5 +376,32 @@ TEST_CASE("EtcdStore: a store whose etcd is stopped throws IoError within the re
   }
 }
 
+TEST_CASE("EtcdStore: a wait blocked when etcd stops throws IoError, not at its own timeout",
+          "[multiproc]") {
+  EtcdCluster cluster(1);
+  auto s = std::make_shared<EtcdStore>(client_of(cluster, 1s), "/p/");
+  s->set("present", "1");
+  std::exception_ptr error;
+  std::atomic<bool> started{false};
+  std::thread t([&] {
+    try {
+      started = true;
+      s->wait({"present", "never"}, 30s);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  for (int i = 0; i < 5000 && !started; ++i) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(300ms);
+  const auto stopped = Clock::now();
+  cluster.stop(0);
+  t.join();
+  REQUIRE(error);
+  CHECK_THROWS_AS(std::rethrow_exception(error), IoError);
+  const double after_stop = seconds_since(stopped);
+  WARN("the wait failed " << after_stop << " s after etcd was stopped (read timeout 1 s)");
+  CHECK(after_stop < 2 * 1.0 + 3.0);  // about twice the read timeout, far below 30 s
+}
+
 }  // namespace
 }  // namespace ctorchrun::etcd
