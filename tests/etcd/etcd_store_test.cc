@@ -403,5 +403,35 @@ TEST_CASE("EtcdStore: a wait blocked when etcd stops throws IoError, not at its 
   CHECK(after_stop < 2 * 1.0 + 3.0);  // about twice the read timeout, far below 30 s
 }
 
+TEST_CASE("EtcdStore: with three members, calls and a blocked wait survive a member's death",
+          "[multiproc]") {
+  EtcdCluster cluster(3);
+  auto waiter = store_of(cluster, "/p/");
+  auto writer = store_of(cluster, "/p/");
+  writer->set("before", "1");
+  std::exception_ptr error;
+  std::atomic<bool> started{false};
+  std::thread t([&] {
+    try {
+      started = true;
+      waiter->wait({"before", "after"}, 20s);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  for (int i = 0; i < 5000 && !started; ++i) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(300ms);
+  // Member 0 answered first, so it carries the watch and is every store's
+  // preferred member.
+  cluster.kill(0);
+  writer->set("after", "2");
+  t.join();
+  REQUIRE_FALSE(error);
+  CHECK(waiter->get("after") == "2");
+  CHECK(writer->add("n", 5) == 5);
+  CHECK(writer->compare_set("n", "5", "6") == "6");
+  CHECK(waiter->num_keys() == 3);
+}
+
 }  // namespace
 }  // namespace ctorchrun::etcd
