@@ -839,7 +839,7 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
   mo.membership = info_.check_membership;
   // Elastic: the store is lost when unreachable for as long as a node is
   // dead when silent, so a cut-off node and its survivors decide alike.
-  if (elastic()) mo.store_grace = mo.liveness_window();
+  if (elastic()) mo.store_grace = info_.store_grace.value_or(mo.liveness_window());
   monitor_window_ = mo.liveness_window();
   monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
 }
@@ -992,6 +992,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
       if (info_.close) info_.close("succeeded");
       leave();
       leave_last();
+      if (info_.tidy && info_.store_host.value_or(false)) info_.tidy();
       return finish(0, "");
     case AttemptOutcome::kSignal:
       stop_workers(out.signal, k);
@@ -1048,6 +1049,14 @@ RunResult ElasticAgent::Impl::run() {
         "starting rdzv_backend=c10d rdzv_endpoint={}:{} nnodes={}:{} nproc_per_node={} run_id={} "
         "max_restarts={} entrypoint={}",
         c_.master_addr, c_.master_port, c_.min_nodes, c_.max_nodes, c_.nproc_per_node, c_.run_id,
+        c_.max_restarts, c_.entrypoint_name);
+  } else if (c_.rdzv_backend == "etcd-v3") {
+    std::string list;
+    for (const auto& e : c_.etcd_endpoints) list += (list.empty() ? "" : ",") + e;
+    log_->info(
+        "starting rdzv_backend=etcd-v3 etcd={} etcd_prefix={} nnodes={}:{} nproc_per_node={} "
+        "run_id={} max_restarts={} entrypoint={}",
+        list, c_.etcd_prefix, c_.min_nodes, c_.max_nodes, c_.nproc_per_node, c_.run_id,
         c_.max_restarts, c_.entrypoint_name);
   } else {
     log_->info(
@@ -1146,7 +1155,7 @@ RunResult run(const LaunchConfig& config) {
   limits.max_request_bytes = config.store_max_request_bytes.value_or(limits.max_request_bytes);
   so.server.max_connections = config.store_max_connections.value_or(so.server.max_connections);
   std::unique_ptr<rendezvous::Handler> rdzv;
-  if (config.rdzv_backend == "c10d") {
+  if (config.rdzv_backend == "c10d" || config.rdzv_backend == "etcd-v3") {
     rendezvous::C10dOptions co;
     co.endpoint_host = config.master_addr;  // the command line put --rdzv_endpoint there
     co.endpoint_port = config.master_port;
@@ -1163,8 +1172,12 @@ RunResult run(const LaunchConfig& config) {
     co.last_call_timeout = config.last_call_timeout;
     co.read_timeout = config.read_timeout;
     co.close_timeout = config.close_timeout;
-    co.monitor_timeout = std::clamp(config.node_timeout / config.keep_alive_max_attempt,
-                                    std::chrono::milliseconds(500), std::chrono::milliseconds(3'000));
+    co.etcd_endpoints = config.etcd_endpoints;
+    co.etcd_prefix = config.etcd_prefix;
+    co.presence_ttl = config.node_timeout;
+    co.monitor_timeout =
+        std::clamp(config.node_timeout / config.keep_alive_max_attempt,
+                   std::chrono::milliseconds(500), std::chrono::milliseconds(3'000));
     co.server = so.server;
     rdzv = std::make_unique<rendezvous::C10dHandler>(co);
   } else {

@@ -135,6 +135,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
   // store is lost once it has not answered for store_grace, however the
   // calls in between failed or blocked.
   auto last_answer = o.now();
+  bool store_was_out = false;  // host: a request failed since the last scan
   int seen_failure_of = -1;
   auto next_membership = o.now();
   auto stopped = [&] {
@@ -178,6 +179,13 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
       if (now >= next_scan) {
         if (o.hosts_store) {
           // O(N) requests, on the host alone, once per interval.
+          if (store_was_out) {
+            // The host itself could not reach the store (a store that fails
+            // over): nobody could beat meanwhile, so silence is counted
+            // afresh from now.
+            for (auto& b : beats) b.second.second = now;
+            store_was_out = false;
+          }
           std::vector<int> dead, gone;
           for (int n = 0; n < o.nnodes; ++n) {
             if (n == o.node) continue;
@@ -263,6 +271,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
       throw;
     } catch (const Error& e) {
       store.reset();
+      store_was_out = true;
       auto now = o.now();
       if (now - last_answer >= o.store_grace && !st->store_lost) {
         publish([&] {

@@ -25,6 +25,10 @@ struct LaunchConfig {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0 only with --standalone: a free port
   std::string run_id = "none";
+  // --rdzv_backend=etcd-v3: the etcd members ("host:port", at least one) and
+  // the key prefix (--rdzv_conf etcd_prefix).
+  std::vector<std::string> etcd_endpoints;
+  std::string etcd_prefix = "/ctorchrun";
   std::map<std::string, std::string> rdzv_conf;
   std::chrono::milliseconds rdzv_timeout{900'000};  // rdzv_conf timeout, torchrun's 900 s
   // The other --rdzv_conf keys, validated and typed (cli/rdzv_conf.cc holds

@@ -378,7 +378,9 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "accepted for torchrun compatibility; exits are noticed as they happen")
       ->check(seconds_validator());
   opt("--rdzv-backend,--rdzv_backend", rdzv_backend, "PET_RDZV_BACKEND",
-      "rendezvous backend: static, or c10d (--rdzv_endpoint's store assigns the node ranks)");
+      "rendezvous backend: static; c10d (--rdzv_endpoint's store assigns the node ranks); "
+      "etcd-v3 (the same, with the agents' state in an etcd cluster; etcd and etcd-v2 are "
+      "taken as etcd-v3)");
   CLI::Option* endpoint_opt =
       opt("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint, "PET_RDZV_ENDPOINT",
           "HOST[:PORT] of the rendezvous store (static: defaults to master_addr:master_port)");
@@ -505,6 +507,49 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       c.master_addr = "127.0.0.1";
       c.master_port = 0;
       c.run_id = "standalone_" + random_suffix();
+    } else if (c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2" ||
+               c.rdzv_backend == "etcd-v3") {
+      // The c10d state machine, with everything the agents share in etcd.
+      if (c.rdzv_backend != "etcd-v3") {
+        out.notices.push_back("--rdzv_backend=" + c.rdzv_backend +
+                              ": ctorchrun speaks etcd's v3 API (etcd 3.4 disables the v2 API "
+                              "and 3.6 removed it); same as --rdzv_backend=etcd-v3");
+        c.rdzv_backend = "etcd-v3";
+      }
+      if (rdzv_endpoint.empty()) {
+        throw UsageError(
+            "--rdzv_backend=etcd-v3 needs --rdzv_endpoint=HOST[:PORT][,HOST[:PORT]...]: the "
+            "etcd members (default port 2379)");
+      }
+      for (CLI::Option* o : {node_rank_opt, master_addr_opt, master_port_opt}) {
+        if (o->count() > 0) {
+          auto spelled = args.spelled.find(o->get_name());
+          out.notices.push_back((spelled == args.spelled.end() ? o->get_name() : spelled->second) +
+                                " is ignored under --rdzv_backend=etcd-v3: the rendezvous in "
+                                "etcd assigns node ranks and the workers' store");
+        }
+      }
+      c.node_rank = 0;
+      for (std::string item : split(rdzv_endpoint, ',')) {
+        if (item.empty()) continue;
+        if (item.rfind("https://", 0) == 0) {
+          throw UsageError("--rdzv_endpoint: '" + item +
+                           "': etcd over https is not supported; use http:// endpoints (etcd "
+                           "on a trusted network) or the c10d backend");
+        }
+        if (item.rfind("http://", 0) == 0) item = item.substr(7);
+        std::string host;
+        int port = 2379;
+        split_endpoint(item, &host, &port);
+        if (host.empty()) throw UsageError("--rdzv_endpoint: '" + item + "' has no host");
+        const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+        c.etcd_endpoints.push_back((v6 ? "[" + host + "]" : host) + ":" + std::to_string(port));
+      }
+      if (c.etcd_endpoints.empty()) {
+        throw UsageError("--rdzv_endpoint: '" + rdzv_endpoint + "' names no etcd member");
+      }
+      c.master_addr.clear();
+      c.master_port = 0;
     } else if (c.rdzv_backend == "c10d") {
       // torchrun's dynamic rendezvous: the endpoint's store assigns the ranks.
       if (rdzv_endpoint.empty()) {
@@ -527,11 +572,6 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       if (c.master_addr.empty())
         throw UsageError("--rdzv_endpoint: '" + rdzv_endpoint + "' has no host");
     } else {
-      if (c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
-        throw UsageError("--rdzv_backend=" + c.rdzv_backend +
-                         " is not supported yet; use the static backend (--nnodes=N "
-                         "--node_rank=R --master_addr=HOST --master_port=PORT)");
-      }
       if (c.rdzv_backend != "static") {
         throw UsageError("--rdzv_backend: unknown backend '" + c.rdzv_backend + "'");
       }

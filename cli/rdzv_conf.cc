@@ -63,44 +63,45 @@ std::vector<RdzvConfKey> make_table() {
       {"timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "900", "static",
        "how long the rendezvous waits for every node",
        [](LaunchConfig& c, double v) { c.rdzv_timeout = seconds_to_ms(v); }},
-      {"join_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "600", "c10d",
+      {"join_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "600", "c10d, etcd-v3",
        "how long a node waits to join a round",
        [](LaunchConfig& c, double v) { c.join_timeout = seconds_to_ms(v); }},
-      {"last_call_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "30", "c10d",
+      {"last_call_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "30", "c10d, etcd-v3",
        "extra wait for late nodes once min nodes have joined",
        [](LaunchConfig& c, double v) { c.last_call_timeout = seconds_to_ms(v); }},
-      {"close_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "30", "c10d",
+      {"close_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "30", "c10d, etcd-v3",
        "wait for a closed rendezvous to be seen by every node",
        [](LaunchConfig& c, double v) { c.close_timeout = seconds_to_ms(v); }},
-      {"read_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "60", "c10d",
+      {"read_timeout", RdzvConfType::kSeconds, 0, false, kMaxSeconds, "60", "c10d, etcd-v3",
        "bound on one operation on the rendezvous store",
        [](LaunchConfig& c, double v) { c.read_timeout = seconds_to_ms(v); }},
       {"is_host", RdzvConfType::kBool, 0, false, 1, "from the endpoint", "c10d",
        "whether this node hosts the rendezvous store",
        [](LaunchConfig& c, double v) { c.is_host = v != 0; }},
-      {"keep_alive_interval", RdzvConfType::kSeconds, 0, true, kMaxSeconds, "5", "static, c10d",
-       "seconds between a node's heartbeats",
+      {"keep_alive_interval", RdzvConfType::kSeconds, 0, true, kMaxSeconds, "5",
+       "static, c10d, etcd-v3", "seconds between a node's heartbeats",
        [](LaunchConfig& c, double v) { c.keep_alive_interval = seconds_to_ms(v); }},
-      {"keep_alive_max_attempt", RdzvConfType::kInteger, 1, false, 1'000'000, "3", "static, c10d",
-       "heartbeats missed before a node is lost",
+      {"keep_alive_max_attempt", RdzvConfType::kInteger, 1, false, 1'000'000, "3",
+       "static, c10d, etcd-v3", "heartbeats missed before a node is lost",
        [](LaunchConfig& c, double v) { c.keep_alive_max_attempt = static_cast<int>(v); }},
-      {"node_timeout", RdzvConfType::kSeconds, 0, true, kMaxSeconds, "interval*attempts", "static, c10d",
+      {"node_timeout", RdzvConfType::kSeconds, 0, true, kMaxSeconds, "interval*attempts",
+       "static, c10d, etcd-v3",
        "silence after which a node is lost (overrides the two keep_alive keys)",
        [](LaunchConfig& c, double v) { c.node_timeout = seconds_to_ms(v); }},
       {"store_max_key_bytes", RdzvConfType::kInteger, 1, false, 16 << 20, key_bytes.c_str(),
-       "static, c10d", "longest key the hosted store accepts",
+       "static, c10d, etcd-v3", "longest key the hosted store accepts",
        [](LaunchConfig& c, double v) { c.store_max_key_bytes = static_cast<uint64_t>(v); }},
       {"store_max_value_bytes", RdzvConfType::kInteger, 1, false, kMaxBytes, value_bytes.c_str(),
-       "static, c10d", "longest value the hosted store accepts",
+       "static, c10d, etcd-v3", "longest value the hosted store accepts",
        [](LaunchConfig& c, double v) { c.store_max_value_bytes = static_cast<uint64_t>(v); }},
       {"store_max_request_bytes", RdzvConfType::kInteger, 1, false, 2 * kMaxBytes, "the store's",
-       "static, c10d", "largest request the hosted store accepts (>= key + value limits)",
+       "static, c10d, etcd-v3", "largest request the hosted store accepts (>= key + value limits)",
        [](LaunchConfig& c, double v) { c.store_max_request_bytes = static_cast<uint64_t>(v); }},
       {"store_max_keys_per_op", RdzvConfType::kInteger, 1, false, 16 << 20, keys_per_op.c_str(),
-       "static, c10d", "most keys in one CHECK, WAIT, MULTI_GET or MULTI_SET",
+       "static, c10d, etcd-v3", "most keys in one CHECK, WAIT, MULTI_GET or MULTI_SET",
        [](LaunchConfig& c, double v) { c.store_max_keys_per_op = static_cast<uint64_t>(v); }},
       {"store_max_connections", RdzvConfType::kInteger, 1, false, 1 << 20, connections.c_str(),
-       "static, c10d", "most client connections the hosted store keeps open",
+       "static, c10d, etcd-v3", "most client connections the hosted store keeps open",
        [](LaunchConfig& c, double v) { c.store_max_connections = static_cast<uint64_t>(v); }},
   };
 }
@@ -182,6 +183,30 @@ void apply_rdzv_conf(const std::string& text, const std::string& backend,
   for (const std::string& key : order) {
     const std::string& value = given[key];
     config->rdzv_conf[key] = value;
+    // etcd-v3's text keys.
+    if (key == "etcd_prefix") {
+      if (value.empty() || value[0] != '/' || value.size() > 256 ||
+          value.find_first_of(" \t\n") != std::string::npos) {
+        throw ConfigError("--rdzv_conf etcd_prefix='" + value +
+                          "': expected a key prefix starting with '/' (at most 256 characters, "
+                          "no blanks)");
+      }
+      config->etcd_prefix =
+          value.size() > 1 && value.back() == '/' ? value.substr(0, value.size() - 1) : value;
+      if (backend != "etcd-v3") {
+        warnings->push_back(
+            "--rdzv_conf: key 'etcd_prefix' is read by the etcd-v3 backend, not by " + backend +
+            "; ignored");
+      }
+      continue;
+    }
+    if (key == "protocol" || key == "cacert" || key == "cert" || key == "key" || key == "ca_cert" ||
+        key == "ssl_cert" || key == "ssl_cert_key") {
+      if (key == "protocol" && lower(value) == "http") continue;
+      throw ConfigError("--rdzv_conf " + key + "='" + value +
+                        "': etcd over https (and its certificates) is not supported; run etcd "
+                        "with http:// client URLs on a trusted network");
+    }
     auto k = std::find_if(table.begin(), table.end(),
                           [&](const RdzvConfKey& e) { return key == e.name; });
     if (k == table.end()) {
@@ -213,7 +238,7 @@ void apply_rdzv_conf(const std::string& text, const std::string& backend,
     }
     k->apply(*config, v);
     if (key == "node_timeout") node_timeout_given = true;
-    if (key == "timeout" && backend == "c10d") {
+    if (key == "timeout" && (backend == "c10d" || backend == "etcd-v3")) {
       warnings->push_back(
           "--rdzv_conf: key 'timeout' is the static backend's; under c10d, join_timeout says how "
           "long a node waits for a round to include it; ignored");
@@ -251,6 +276,12 @@ std::string rdzv_conf_help() {
                   type_text(k.type), range_text(k).c_str(), k.default_text, k.backends, k.help);
     out += line;
   }
+  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "etcd_prefix", "text",
+                "starts with /", "/ctorchrun", "etcd-v3", "where the rendezvous keys live in etcd");
+  out += line;
+  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "protocol", "text", "http",
+                "http", "etcd-v3", "https (and cacert, cert, key) is refused: not supported");
+  out += line;
   return out;
 }
 

@@ -464,7 +464,16 @@ bool EtcdStore::check(const std::vector<std::string>& keys) {
   if (keys.empty()) return true;
   std::vector<std::string> full;
   full.reserve(keys.size());
-  for (const auto& k : keys) full.push_back(prefix_ + k);
+  const std::string gone = store::protocol::kGoneSuffix;
+  for (const auto& k : keys) {
+    // A TCP store's gone marker: here, a bound key whose lease expired.
+    if (k.size() > gone.size() && k.compare(k.size() - gone.size(), gone.size(), gone) == 0) {
+      if (key_status(k.substr(0, k.size() - gone.size())) != KeyStatus::kLost) return false;
+      continue;
+    }
+    full.push_back(prefix_ + k);
+  }
+  if (full.empty()) return true;
   const Snapshot snap = read(full, true);
   return std::all_of(snap.values.begin(), snap.values.end(),
                      [](const std::optional<std::string>& v) { return v.has_value(); });

@@ -74,9 +74,11 @@
 //    neither                    -> kAbsent (never created, or unbound and deleted)
 // Unlike "K absent and no K#left", kLost is positive evidence: a watcher
 // need not know whether K was ever created. wait_vacated() blocks until K is
-// absent and says why. There is no single key whose existence means "lost",
-// so check()/wait() on K#gone do not apply here: a TcpStore gone marker
-// check becomes key_status(K) == kLost. The markers stay until K is created
+// absent and says why. There is no single key whose existence means "lost";
+// check() answers for K + "#gone" (the TCP store's gone marker,
+// store/protocol.h) with key_status(K) == kLost, so code written against
+// BIND_KEYS checks runs unchanged here (wait() on such a key does not: it
+// waits for a real key of that name). The markers stay until K is created
 // again (any creation clears them) or someone deletes them like any key; a
 // run's keys usually go with its prefix.
 //

@@ -12,6 +12,8 @@
 #include "common/deadline.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "etcd/client.h"
+#include "etcd/etcd_store.h"
 #include "rendezvous/c10d_state.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/static_handler.h"
@@ -102,12 +104,12 @@ void C10dHandler::host_endpoint_if_ours() {
   }
 }
 
-RendezvousInfo C10dHandler::next_rendezvous() {
-  CTORCHRUN_CHECK(!state_, "C10dHandler::next_rendezvous() called twice; use next_round()");
+void C10dHandler::open_tcp_store() {
   auto log = get_logger("rdzv");
   const auto deadline = Clock::now() + options_.join_timeout;
   const std::string addr = strip_brackets(options_.endpoint_host);
-  endpoint_ = format_endpoint(addr, options_.endpoint_port);
+  const int port = options_.endpoint_port;
+  endpoint_ = format_endpoint(addr, port);
   host_endpoint_if_ours();
 
   ConnectRetry retry;
@@ -122,15 +124,68 @@ RendezvousInfo C10dHandler::next_rendezvous() {
            format_duration(options_.join_timeout) + ": cannot reach the endpoint " + endpoint_ +
            "; check --rdzv_endpoint and that its host runs (" + why + ")";
   };
-  conn_ = connect_until(addr, options_.endpoint_port, retry);
+  conn_ = connect_until(addr, port, retry);
   // torchrun's c10d agents keep one blob under this key of the same store.
   if (conn_->check({"torch.rendezvous." + options_.run_id})) {
     throw ConfigError("the endpoint " + endpoint_ + " holds torchrun's rendezvous for id '" +
                       options_.run_id + "' (key torch.rendezvous." + options_.run_id +
                       "); start every node with ctorchrun, or use another --rdzv_id");
   }
-
   job_prefix_ = std::string(StaticHandler::kNamespace) + "/" + options_.run_id;
+  open_background_ = [addr, port](const std::string& prefix, milliseconds timeout) {
+    return std::make_shared<store::PrefixStore>(prefix, tcp_client(addr, port, timeout, timeout));
+  };
+  // This agent's presence: a connection whose keys vanish with it
+  // (store/protocol.h's BIND_KEYS). A store without the extension leaves the
+  // heartbeats to notice a lost agent.
+  try {
+    // Quick calls only (a record, a presence key): a store that does not
+    // answer within seconds must not hold up an agent that leaves.
+    auto c = tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000));
+    c->bind_keys_to_connection();
+    presence_ = std::make_shared<store::PrefixStore>(job_prefix_, c);
+  } catch (const store::NotSupportedError& e) {
+    presence_.reset();
+    log->info(
+        "the store at the endpoint {} cannot bind keys to a connection ({}); lost nodes are "
+        "noticed by their heartbeats alone",
+        endpoint_, e.what());
+  }
+}
+
+void C10dHandler::open_etcd_store() {
+  std::string list;
+  for (const auto& e : options_.etcd_endpoints) list += (list.empty() ? "" : ",") + e;
+  endpoint_ = "etcd " + list;
+  const std::string root = options_.etcd_prefix + "/";
+  const auto endpoints = options_.etcd_endpoints;
+  auto client = std::make_shared<etcd::EtcdClient>(endpoints, options_.read_timeout);
+  etcd_client_ = client;
+  conn_ = std::make_shared<etcd::EtcdStore>(client, root);
+  job_prefix_ = options_.run_id;
+  open_background_ = [endpoints, root](const std::string& prefix, milliseconds timeout) {
+    auto c = std::make_shared<etcd::EtcdClient>(endpoints, timeout);
+    return std::make_shared<store::PrefixStore>(prefix, std::make_shared<etcd::EtcdStore>(c, root));
+  };
+  // Presence: keys on a lease that this agent keeps alive; they expire with
+  // it (EtcdStore's held/lost markers answer the gone-marker checks).
+  auto presence = std::make_shared<etcd::EtcdStore>(client, root);
+  try {
+    presence->bind_keys_to_lease(std::max(options_.presence_ttl, milliseconds(2'000)));
+  } catch (const IoError& e) {
+    throw Error("cannot reach the etcd cluster (" + list + "): " + e.what());
+  }
+  presence_ = std::make_shared<store::PrefixStore>(job_prefix_, presence);
+}
+
+RendezvousInfo C10dHandler::next_rendezvous() {
+  CTORCHRUN_CHECK(!state_, "C10dHandler::next_rendezvous() called twice; use next_round()");
+  auto log = get_logger("rdzv");
+  if (options_.etcd_endpoints.empty()) {
+    open_tcp_store();
+  } else {
+    open_etcd_store();
+  }
   job_ = std::make_shared<store::PrefixStore>(job_prefix_, conn_);
   C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
                         options_.entrypoint};
@@ -143,21 +198,6 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   C10dTiming timing;
   timing.last_call_timeout = options_.last_call_timeout;
   timing.closed_window = options_.closed_window.value_or(options_.join_timeout);
-  // This agent's presence: a connection whose keys vanish with it
-  // (store/protocol.h's BIND_KEYS). A store without the extension leaves the
-  // heartbeats to notice a lost agent.
-  try {
-    // Quick calls only (a record, a presence key): a store that does not
-    // answer within seconds must not hold up an agent that leaves.
-    auto c = tcp_client(addr, options_.endpoint_port, milliseconds(3'000), milliseconds(3'000));
-    c->bind_keys_to_connection();
-    presence_ = std::make_shared<store::PrefixStore>(job_prefix_, c);
-  } catch (const store::NotSupportedError& e) {
-    presence_.reset();
-    log->info("the store at the endpoint {} cannot bind keys to a connection ({}); lost nodes are "
-              "noticed by their heartbeats alone",
-              endpoint_, e.what());
-  }
   state_ = std::make_unique<C10dState>(*job_, settings, me, timing, C10dState::Clock::now,
                                        C10dState::WallClock::now, presence_.get());
   try {
@@ -202,8 +242,8 @@ RendezvousInfo C10dHandler::form() {
       C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
                             options_.entrypoint};
       C10dRoundWatch watch(*job_, settings, round, options_.last_call_timeout);
-      auto change = watch.reform({"node 0 was lost before it served the workers' store", {0},
-                                  "agent exited"});
+      auto change = watch.reform(
+          {"node 0 was lost before it served the workers' store", {0}, "agent exited"});
       state_->rejoin(round, round.attempt, change.lost);
     }
   }
@@ -291,7 +331,16 @@ C10dRound C10dHandler::form_round() {
 
 RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   auto log = get_logger("rdzv");
-  const std::string addr = strip_brackets(options_.endpoint_host);
+  // Towards the agents' store (the endpoint, or the first etcd member): the
+  // route that gives the workers' store its address.
+  std::string addr = strip_brackets(options_.endpoint_host);
+  int port = options_.endpoint_port;
+  if (!options_.etcd_endpoints.empty()) {
+    const std::string& first = options_.etcd_endpoints.front();
+    const auto colon = first.rfind(':');
+    addr = strip_brackets(first.substr(0, colon));
+    port = std::stoi(first.substr(colon + 1));
+  }
   // The round's workers' store, on group rank 0.
   const std::string workers_key =
       C10dState::round_key(round.generation, round.round, "workers_store");
@@ -299,9 +348,8 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   int workers_port = 0;
   workers_server_.reset();  // the last round's workers are stopped
   if (round.group_rank == 0) {
-    workers_addr = options_.advertise_addr.empty()
-                       ? local_address_towards(addr, options_.endpoint_port)
-                       : strip_brackets(options_.advertise_addr);
+    workers_addr = options_.advertise_addr.empty() ? local_address_towards(addr, port)
+                                                   : strip_brackets(options_.advertise_addr);
     store::ServerOptions so = options_.server;
     so.host = bind_address_for(workers_addr);  // IoError: not an address of this host
     so.port = 0;
@@ -317,7 +365,8 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     const auto until = Clock::now() + options_.read_timeout;
     for (;;) {
       try {
-        job_->wait({workers_key}, std::clamp(left_until(until), milliseconds(1), milliseconds(250)));
+        job_->wait({workers_key},
+                   std::clamp(left_until(until), milliseconds(1), milliseconds(250)));
         break;
       } catch (const TimeoutError&) {
         if (presence_ && job_->check({rank0_gone})) throw RankZeroLost{};
@@ -350,9 +399,8 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   info.store = std::make_shared<store::PrefixStore>(round_prefix, conn_);
   // Background connections make only quick calls: a frozen store shows as a
   // timeout within seconds.
-  const int port = options_.endpoint_port;
-  info.connect = [addr, port, round_prefix, t = options_.monitor_timeout] {
-    return std::make_shared<store::PrefixStore>(round_prefix, tcp_client(addr, port, t, t));
+  info.connect = [open = open_background_, round_prefix, t = options_.monitor_timeout] {
+    return open(round_prefix, t);
   };
   info.namespace_prefix = std::string("/") + StaticHandler::kNamespace + "/";
   info.round = round.round;
@@ -373,6 +421,9 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   info.store_host = any_host ? server_ != nullptr : round.group_rank == 0;
 
   info.store_endpoint = endpoint_;
+  // etcd fails over between its members: only read_timeout without an answer
+  // ends the job.
+  if (!options_.etcd_endpoints.empty()) info.store_grace = options_.read_timeout;
 
   // This member's presence: a key bound to a connection of its own, so that
   // it vanishes with this agent (store/protocol.h's BIND_KEYS). A store
@@ -404,13 +455,12 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   auto watcher = std::make_shared<Watcher>();
   C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
                         options_.entrypoint};
-  auto call = [watcher, addr, port, prefix = job_prefix_, settings, round,
+  auto call = [watcher, open = open_background_, prefix = job_prefix_, settings, round,
                lct = options_.last_call_timeout](auto&& fn) {
     std::lock_guard<std::mutex> lock(watcher->mutex);
     try {
       if (!watcher->watch) {
-        watcher->job = std::make_shared<store::PrefixStore>(
-            prefix, tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000)));
+        watcher->job = open(prefix, milliseconds(3'000));
         watcher->watch = std::make_unique<C10dRoundWatch>(*watcher->job, settings, round, lct);
       }
       return fn(*watcher->watch);
@@ -436,6 +486,29 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   };
   const bool hosts_endpoint = server_ != nullptr;
   const auto linger = std::min(options_.close_timeout, milliseconds(3'000));
+  if (etcd_client_) {
+    // Everything under <etcd_prefix>/<id>/ goes but the closed marker, which
+    // moves to generation 0 on a lease of join_timeout: within it a node of
+    // this id is refused, after it the prefix is empty.
+    info.tidy = [client = etcd_client_, root = options_.etcd_prefix + "/" + options_.run_id + "/",
+                 closed = C10dState::closed_key(round.generation),
+                 window = options_.closed_window.value_or(options_.join_timeout)] {
+      auto rlog = get_logger("rdzv");
+      try {
+        auto marker = client->get(root + closed);
+        client->delete_prefix(root);
+        if (!marker) return;
+        auto ttl =
+            std::chrono::duration_cast<std::chrono::seconds>(window) + std::chrono::seconds(1);
+        auto lease = client->lease_grant(ttl);
+        client->put(root + C10dState::closed_key(0), marker->value, lease.id);
+        rlog->debug("rendezvous keys under {} removed; the closed marker stays for {}", root,
+                    format_duration(window));
+      } catch (const Error& e) {
+        rlog->warn("could not remove the rendezvous keys under {} from etcd: {}", root, e.what());
+      }
+    };
+  }
   info.close = [state, hosts_endpoint, linger,
                 run_id = options_.run_id](const std::string& outcome) {
     int waiting = state->close(outcome);

@@ -45,10 +45,13 @@
 // endpoint's store was lost while the round formed).
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "etcd/client.h"
 #include "rendezvous/c10d_state.h"
 #include "rendezvous/handler.h"
 #include "store/tcp_store.h"
@@ -78,6 +81,14 @@ struct C10dOptions {
   // monitor): short, so that an unreachable endpoint shows within the
   // liveness bound.
   std::chrono::milliseconds monitor_timeout{3'000};
+  // --rdzv_backend=etcd-v3: the agents' state lives in this etcd cluster
+  // ("host:port" members; any that answers serves), under etcd_prefix/<id>;
+  // empty: the TCP store at endpoint_host:endpoint_port.
+  std::vector<std::string> etcd_endpoints;
+  std::string etcd_prefix = "/ctorchrun";
+  // etcd: the TTL of the lease that holds this agent's presence
+  // (keep_alive_interval x keep_alive_max_attempt, at least 2 s).
+  std::chrono::milliseconds presence_ttl{15'000};
   // Longest wait between two looks at the rendezvous (the store wakes the
   // waits on the keys that matter; this bounds how soon an end is seen).
   std::chrono::milliseconds poll_interval{1'000};
@@ -102,6 +113,8 @@ class C10dHandler : public Handler {
 
  private:
   void host_endpoint_if_ours();
+  void open_tcp_store();
+  void open_etcd_store();
   // Polls the state machine until this node is in a complete round, then
   // sets up that round's workers' store.
   RendezvousInfo form();
@@ -114,7 +127,14 @@ class C10dHandler : public Handler {
   C10dOptions options_;
   std::string endpoint_;  // "host:port", for messages
   std::string job_prefix_;
-  std::shared_ptr<store::TcpStore> conn_;
+  // The agents' store (the endpoint's TCP store, or etcd under etcd_prefix)
+  // and how to open another connection to it, under a prefix, for a thread
+  // of its own.
+  std::shared_ptr<store::Store> conn_;
+  std::function<std::shared_ptr<store::Store>(const std::string& prefix,
+                                              std::chrono::milliseconds timeout)>
+      open_background_;
+  std::shared_ptr<etcd::EtcdClient> etcd_client_;  // etcd-v3 only
   std::shared_ptr<store::Store> job_;
   std::unique_ptr<C10dState> state_;
   std::optional<C10dRound> round_;

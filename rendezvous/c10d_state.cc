@@ -438,8 +438,8 @@ void C10dState::watch_running_round() {
   // when one is gone, all are looked at.
   if (presence_ == nullptr || running_members_ <= 0 || round_ < 1) return;
   auto gone = [&](int g) {
-    return job_.check({C10dRoundWatch::present_key(generation_, round_ - 1, g) +
-                       store::protocol::kGoneSuffix});
+    return job_.check(
+        {C10dRoundWatch::present_key(generation_, round_ - 1, g) + store::protocol::kGoneSuffix});
   };
   const int g = next_watched_++ % running_members_;
   if (!gone(g)) return;
@@ -450,11 +450,10 @@ void C10dState::watch_running_round() {
   }
   change.cause = "agent exited";
   change.reason = "every node of round " + std::to_string(round_ - 1) + " was lost (agent exited)";
-  job_.compare_set(round_key(generation_, round_ - 1, "reform"), "",
-                   nlohmann::json{{"reason", change.reason},
-                                  {"lost", change.lost},
-                                  {"cause", change.cause}}
-                       .dump());
+  job_.compare_set(
+      round_key(generation_, round_ - 1, "reform"), "",
+      nlohmann::json{{"reason", change.reason}, {"lost", change.lost}, {"cause", change.cause}}
+          .dump());
 }
 
 std::string C10dState::progress() {

@@ -123,8 +123,7 @@ struct C10dRound {
 // The job this node tried to join has ended.
 class JobClosedError : public RendezvousClosedError {
  public:
-  JobClosedError(const std::string& what, std::string outcome, bool while_waiting,
-                 bool was_member)
+  JobClosedError(const std::string& what, std::string outcome, bool while_waiting, bool was_member)
       : RendezvousClosedError(what),
         outcome_(std::move(outcome)),
         while_waiting_(while_waiting),

@@ -3,6 +3,7 @@
 // rendezvous::Handler: answers "who is in this job, what is my group rank,
 // where is the store". The shape of torchelastic's RendezvousHandler.
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -73,12 +74,18 @@ struct RendezvousInfo {
   std::function<void()> withdraw;
   // Where the agents' store is ("host:port"), for messages; empty: master_addr.
   std::string store_endpoint;
+  // How long the agents' store may not answer before the job ends; unset:
+  // the liveness window (a store that fails over, etcd, sets more).
+  std::optional<std::chrono::milliseconds> store_grace;
   // This node's workers of `attempt` succeeded: no admission re-forms the
   // round in that attempt (false: one already does), and this node's
   // presence is withdrawn (it is done; its exit is no loss).
   std::function<bool(int attempt)> mark_finishing;
   // The job ended ("succeeded" or "failed"): closes the rendezvous id.
   std::function<void(const std::string& outcome)> close;
+  // On the store host, last, after a successful job: removes what the job
+  // kept in a store that outlives it (etcd), all but the closed marker.
+  std::function<void()> tidy;
 };
 
 class Handler {

@@ -259,9 +259,10 @@ TEST_CASE(
   const int rc_c = c.finish(20s);
   const double c_exit_s = seconds_since(cut);
   // The figures of bench/RESULTS.md's network-cut line.
-  std::printf("network cut: survivors re-formed after %.2f s, the cut node's worker stopped after "
-              "%.2f s, its agent exited %d after %.2f s\n",
-              reform_s, c_worker_s, rc_c, c_exit_s);
+  std::printf(
+      "network cut: survivors re-formed after %.2f s, the cut node's worker stopped after "
+      "%.2f s, its agent exited %d after %.2f s\n",
+      reform_s, c_worker_s, rc_c, c_exit_s);
   {
     INFO(dump());
     INFO("re-formed at world 2 after " << reform_s << " s; c's worker stopped after " << c_worker_s

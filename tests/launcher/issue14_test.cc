@@ -1,0 +1,202 @@
+// Regression tests of issue 14: --rdzv_backend=etcd-v3, real agents against
+// real etcd processes (tests/support/etcd_server.h) on loopback. Shell
+// workers record what they see and run until the test's stop file exists.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cli/command_line.h"
+#include "etcd/client.h"
+#include "tests/cli/parse_support.h"
+#include "tests/launcher/launcher_support.h"
+#include "tests/support/etcd_server.h"
+#include "tests/support/process.h"
+
+using namespace ctorchrun;
+using namespace ctorchrun::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> out;
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+bool wait_for_lines(const std::string& path, size_t n, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (lines_of(path).size() >= n) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+struct EtcdJob {
+  explicit EtcdJob(EtcdCluster& cluster) : etcd(cluster) {}
+  EtcdCluster& etcd;
+  TempDir d;
+  std::string id = "etcdjob";
+  std::string nnodes = "1:3";
+  std::string conf =
+      "join_timeout=30,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2,"
+      "read_timeout=5";
+
+  std::unique_ptr<Process> agent(const std::string& name) {
+    return start_ctorchrun(concat({"--nnodes=" + nnodes, "--rdzv_backend=etcd-v3",
+                                   "--rdzv_endpoint=" + join(etcd.client_endpoints()),
+                                   "--rdzv_id=" + id, "--max_restarts=0", "--rdzv_conf=" + conf},
+                                  sh("echo \"$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT\" >> " +
+                                     d.path + "/seen_" + name + "; i=0; while [ ! -e " + d.path +
+                                     "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done")));
+  }
+  std::string seen(const std::string& name) const { return d.file("seen_" + name); }
+  void stop() const { std::ofstream(d.file("stop")).close(); }
+};
+
+}  // namespace
+
+TEST_CASE("issue 14: etcd-v3 takes a list of members, etcd and etcd-v2 with a notice, no https",
+          "[unit]") {
+  auto r = parse({"--nnodes=1:3", "--rdzv_backend=etcd", "--rdzv_endpoint=h1:2379,h2,[::1]:23",
+                  "--rdzv_id=j", "s.py"});
+  REQUIRE(r.kind == cli::ParseOutcome::Kind::kRun);
+  CHECK(r.config.rdzv_backend == "etcd-v3");
+  CHECK(r.config.etcd_endpoints == std::vector<std::string>{"h1:2379", "h2:2379", "[::1]:23"});
+  REQUIRE(r.notices.size() == 1);
+  CHECK(contains(r.notices[0], "etcd's v3 API"));
+  auto prefix = parse(
+      {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=etcd_prefix=/jobs/", "s.py"});
+  REQUIRE(prefix.kind == cli::ParseOutcome::Kind::kRun);
+  CHECK(prefix.config.etcd_prefix == "/jobs");
+  for (const auto& bad : std::vector<std::vector<std::string>>{
+           {"--rdzv_backend=etcd-v3", "s.py"},
+           {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1:2379", "s.py"},
+           {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=protocol=https", "s.py"},
+           {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=cacert=/ca.pem", "s.py"},
+           {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=etcd_prefix=nope",
+            "s.py"}}) {
+    auto b = parse(bad);
+    INFO(b.message);
+    CHECK(b.kind == cli::ParseOutcome::Kind::kExit);
+    CHECK(b.exit_code == 2);
+  }
+}
+
+TEST_CASE(
+    "issue 14: agents on etcd form a job, admit a late node, finish, and leave only the "
+    "closed marker, which refuses the id at once",
+    "[multiproc]") {
+  EtcdCluster etcd(1);
+  EtcdJob job(etcd);
+  auto a = job.agent("a");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  auto b = job.agent("b");
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("a"), 2, 30s));
+  CHECK(lines_of(job.seen("a")) == std::vector<std::string>{"1 0", "2 0"});
+  CHECK(lines_of(job.seen("b")) == std::vector<std::string>{"2 0"});
+  job.stop();
+  int rca = a->exit_code(30s), rcb = b->exit_code(30s);
+  INFO(a->read_all(1s) + "\n----\n" + b->read_all(1s));
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  etcd::EtcdClient client(etcd.client_endpoints(), 5s);
+  auto left = client.range_prefix("/ctorchrun/" + job.id + "/");
+  std::string keys;
+  for (const auto& kv : left.kvs) keys += kv.key + " ";
+  INFO(keys);
+  REQUIRE(left.kvs.size() == 1);
+  CHECK(left.kvs[0].key == "/ctorchrun/" + job.id + "/g0/rdzv/closed");
+  CHECK(left.kvs[0].lease != 0);
+  auto again = run_ctorchrun(concat({"--nnodes=1", "--rdzv_backend=etcd-v3",
+                                     "--rdzv_endpoint=" + join(etcd.client_endpoints()),
+                                     "--rdzv_id=" + job.id, "--rdzv_conf=join_timeout=30"},
+                                    sh("true")),
+                             {}, 30s);
+  INFO(again.output);
+  CHECK(again.exit_code == 3);
+  CHECK(contains(again.output, "ended (succeeded)"));
+}
+
+TEST_CASE(
+    "issue 14: the etcd leader SIGKILLed while a job runs costs no worker restart and no "
+    "agent; the job finishes",
+    "[multiproc]") {
+  EtcdCluster etcd(3);
+  EtcdJob job(etcd);
+  job.nnodes = "2:2";
+  auto a = job.agent("a");
+  auto b = job.agent("b");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  const int leader = etcd.leader();
+  REQUIRE(leader >= 0);
+  etcd.kill(leader);
+  // Longer than the liveness bound (2 s) and an election: nothing moves.
+  std::this_thread::sleep_for(6s);
+  CHECK(lines_of(job.seen("a")).size() == 1);
+  CHECK(lines_of(job.seen("b")).size() == 1);
+  job.stop();
+  int rca = a->exit_code(30s), rcb = b->exit_code(30s);
+  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
+  INFO(out);
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  CHECK_FALSE(contains(out, "gives way"));
+}
+
+TEST_CASE("issue 14: a node of an etcd job SIGKILLed: the other re-forms and finishes",
+          "[multiproc]") {
+  EtcdCluster etcd(1);
+  EtcdJob job(etcd);
+  job.nnodes = "1:2";
+  auto a = job.agent("a");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  auto b = job.agent("b");
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("a"), 2, 30s));
+  b->signal_group(SIGKILL);
+  REQUIRE(wait_for_lines(job.seen("a"), 3, 20s));
+  CHECK(lines_of(job.seen("a")).back() == "1 0");
+  job.stop();
+  int rca = a->exit_code(30s);
+  std::string out = a->read_all(1s);
+  INFO(out);
+  CHECK(rca == 0);
+  CHECK(contains(out, "lost node 1"));
+}
+
+TEST_CASE("issue 14: every etcd member stopped ends the agents with exit 3 within read_timeout",
+          "[multiproc]") {
+  EtcdCluster etcd(1);
+  EtcdJob job(etcd);
+  job.nnodes = "1:1";
+  auto a = job.agent("a");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  etcd.kill(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  int rca = a->exit_code(60s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  std::string out = a->read_all(1s);
+  INFO(out);
+  CHECK(rca == 3);
+  CHECK(contains(out, "etcd " + etcd.client_endpoint(0)));
+  CHECK(took < 30s);  // read_timeout 5 s plus the workers' stop
+}
