@@ -200,3 +200,39 @@ TEST_CASE("issue 14: every etcd member stopped ends the agents with exit 3 withi
   CHECK(contains(out, "etcd " + etcd.client_endpoint(0)));
   CHECK(took < 30s);  // read_timeout 5 s plus the workers' stop
 }
+
+TEST_CASE(
+    "issue 14: torch workers (gloo) on etcd: the node hosting the workers' store SIGKILLed, "
+    "the other re-forms (its own workers' store) and finishes at --max_restarts=0",
+    "[torch]") {
+  EtcdCluster etcd(1);
+  const std::string worker = CTORCHRUN_SOURCE_DIR "/tests/torch/elastic_worker.py";
+  auto agent = [&] {
+    return start_ctorchrun({"--nnodes=1:2", "--rdzv_backend=etcd-v3",
+                            "--rdzv_endpoint=" + join(etcd.client_endpoints()),
+                            "--rdzv_id=torchetcd", "--max_restarts=0",
+                            "--rdzv_conf=join_timeout=120,last_call_timeout=2,"
+                            "keep_alive_interval=1,keep_alive_max_attempt=2,read_timeout=5",
+                            worker},
+                           {{"ELASTIC_TARGET_WORLD", "1"}});
+  };
+  auto a = agent();
+  auto b = agent();
+  // Both in round 0 (MAX): rank 0, whose agent hosts the workers' store, dies.
+  std::string first;
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (!contains(first, "JOINED") && std::chrono::steady_clock::now() < deadline) {
+    if (auto line = a->read_line(1s)) first += *line + "\n";
+  }
+  REQUIRE(contains(first, "JOINED"));
+  const bool a_is_rank0 = contains(first, "group_rank=0 ");
+  Process& host = a_is_rank0 ? *a : *b;
+  Process& survivor = a_is_rank0 ? *b : *a;
+  host.signal_group(SIGKILL);
+  int rc = survivor.exit_code(120s);
+  std::string out = survivor.read_all(1s);
+  INFO(first + "\n----\n" + out);
+  CHECK(rc == 0);
+  CHECK(contains(out, "GROWN rank=0 world=1 sum=1 restart=0"));
+  CHECK(contains(out, "lost node 0"));
+}
