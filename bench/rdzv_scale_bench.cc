@@ -5,7 +5,10 @@
 // join, then poll and wait on the key the state names, until the round
 // (--nnodes=N:N) is complete with the agent in it.
 //
-//   ctorch-rdzv-bench --agents 64,256,1024 [--runs R]
+//   ctorch-rdzv-bench --agents 64,256,1024 [--runs R] [--etcd HOST:PORT[,...]]
+//
+// With --etcd the agents' store is that etcd cluster instead (EtcdStore,
+// keys under /ctorchrun-bench/), as under --rdzv_backend=etcd-v3.
 //
 // Measured per size: the time from releasing all agents (connected already)
 // to the last one holding the round; store requests per agent (max and
@@ -28,6 +31,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "etcd/client.h"
+#include "etcd/etcd_store.h"
 #include "rendezvous/c10d_state.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
@@ -120,11 +125,12 @@ struct Result {
   std::string first_error;
 };
 
-Result run_once(int agents, int run) {
+Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoints) {
   store::ServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
-  auto server = store::TcpStoreServer::start(so);
+  std::unique_ptr<store::TcpStoreServer> server;
+  if (etcd_endpoints.empty()) server = store::TcpStoreServer::start(so);
   const std::string id = "bench" + std::to_string(agents) + "_" + std::to_string(run);
 
   std::mutex mu;
@@ -143,12 +149,18 @@ Result run_once(int agents, int run) {
     threads.emplace_back([&, i] {
       const auto idx = static_cast<size_t>(i);
       try {
-        store::TcpStoreOptions o;
-        o.host = "127.0.0.1";
-        o.port = server->port();
-        o.timeout = milliseconds(60'000);
-        o.connect_timeout = milliseconds(60'000);
-        auto conn = std::make_shared<store::TcpStore>(o);
+        std::shared_ptr<store::Store> conn;
+        if (server) {
+          store::TcpStoreOptions o;
+          o.host = "127.0.0.1";
+          o.port = server->port();
+          o.timeout = milliseconds(60'000);
+          o.connect_timeout = milliseconds(60'000);
+          conn = std::make_shared<store::TcpStore>(o);
+        } else {
+          auto client = std::make_shared<etcd::EtcdClient>(etcd_endpoints, milliseconds(60'000));
+          conn = std::make_shared<etcd::EtcdStore>(client, "/ctorchrun-bench/");
+        }
         store::PrefixStore job("ctorchrun/" + id, conn);
         CountingStore counted(job);
         rendezvous::NodeInfo me;
@@ -213,7 +225,9 @@ int main(int argc, char** argv) {
   CLI::App app{"ctorch-rdzv-bench: c10d rendezvous time and cost against the number of agents"};
   std::string sizes = "64,256,1024";
   int runs = 3;
+  std::string etcd_list;
   app.add_option("--agents", sizes, "comma-separated agent counts");
+  app.add_option("--etcd", etcd_list, "etcd members HOST:PORT[,...]: the agents' store is etcd");
   app.add_option("--runs", runs, "runs per size (the median is reported)")
       ->check(CLI::Range(1, 50));
   CLI11_PARSE(app, argc, argv);
@@ -239,7 +253,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::vector<Result> results;
-    for (int r = 0; r < runs; ++r) results.push_back(run_once(n, r));
+    std::vector<std::string> etcd_endpoints;
+    std::stringstream es(etcd_list);
+    for (std::string e; std::getline(es, e, ',');) {
+      if (!e.empty()) etcd_endpoints.push_back(e);
+    }
+    for (int r = 0; r < runs; ++r) results.push_back(run_once(n, r, etcd_endpoints));
     std::vector<double> secs;
     int failures = 0;
     for (const auto& r : results) {

@@ -1,6 +1,8 @@
 #include "etcd/etcd_store.h"
 
 #include <algorithm>
+#include <thread>
+#include <random>
 #include <optional>
 #include <set>
 
@@ -319,6 +321,20 @@ std::string EtcdStore::get(const std::string& key) {
   }
 }
 
+namespace {
+
+// After a lost compare-and-set race: a random pause that grows with the
+// attempts (up to 64 ms), so that many writers of one key (a rendezvous
+// counter) spread out instead of colliding again at once.
+void pause_after_lost_race(int attempt) {
+  thread_local std::minstd_rand rng(std::random_device{}());
+  const int cap_ms = 1 << std::min(attempt, 6);
+  std::uniform_int_distribution<int> dist(0, cap_ms * 1000);
+  std::this_thread::sleep_for(std::chrono::microseconds(dist(rng)));
+}
+
+}  // namespace
+
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   const std::string k = prefix_ + key;
   const std::string ctx = "etcd add on '" + printable(k) + "'";
@@ -345,6 +361,7 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
     const json resp = core_->call("/v3/kv/txn", body, false);
     if (detail::bool_field(resp, "succeeded", ctx)) return updated;
     current = range_one(response_at(resp, 0, "response_range", ctx), k, ctx);
+    pause_after_lost_race(attempt);
   }
   throw TimeoutError("add on key '" + printable(key) + "' (" + where() + "): lost " +
                      std::to_string(kMaxAttempts) +
@@ -520,6 +537,7 @@ void EtcdStore::append(const std::string& key, const std::string& value) {
     const json resp = core_->call("/v3/kv/txn", body, false);
     if (detail::bool_field(resp, "succeeded", ctx)) return;
     current = range_one(response_at(resp, 0, "response_range", ctx), k, ctx);
+    pause_after_lost_race(attempt);
   }
   throw TimeoutError("append on key '" + printable(key) + "' (" + where() + "): lost " +
                      std::to_string(kMaxAttempts) +

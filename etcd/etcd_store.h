@@ -125,7 +125,7 @@ class EtcdStore : public store::Store {
   // etcd's default --max-txn-ops: the most operations one transaction holds.
   static constexpr std::size_t kMaxTxnOps = 128;
   // Compare-and-set rounds of add() and append() before TimeoutError.
-  static constexpr int kMaxAttempts = 64;
+  static constexpr int kMaxAttempts = 256;
   // Values up to this size may appear twice in one transaction (a create
   // branch and an overwrite branch); larger ones are sent once per request,
   // in two steps, since etcd takes requests of about 1.5 MiB at most.
