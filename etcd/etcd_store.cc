@@ -1,10 +1,10 @@
 #include "etcd/etcd_store.h"
 
 #include <algorithm>
-#include <thread>
-#include <random>
 #include <optional>
+#include <random>
 #include <set>
+#include <thread>
 
 #include "common/deadline.h"
 #include "common/error.h"

@@ -23,32 +23,6 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-// A worker that appends "<world size> <restart count>" to seen_<name> (the
-// agent's ELASTIC_NAME), then runs until the stop file exists (at most 60 s).
-std::vector<std::string> recording_worker(const TempDir& d) {
-  return sh("echo \"$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT\" >> " + d.path +
-            "/seen_$ELASTIC_NAME; i=0; while [ ! -e " + d.path +
-            "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done");
-}
-
-// Lines of `path` (empty when missing).
-std::vector<std::string> lines_of(const std::string& path) {
-  std::vector<std::string> out;
-  std::istringstream in(read_file(path));
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-// Waits until `path` has at least `n` lines.
-bool wait_for_lines(const std::string& path, size_t n, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (lines_of(path).size() >= n) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
-
 struct Job {
   TempDir d;
   std::string port = std::to_string(free_port());
@@ -62,8 +36,7 @@ struct Job {
         concat({"--nnodes=" + nnodes, "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
                 "--rdzv_id=loss", "--max_restarts=0", "--rdzv_conf=" + conf,
                 "--events_file=" + d.file("events_" + name)},
-               recording_worker(d)),
-        {{"ELASTIC_NAME", name}});
+               recording_worker(d.path + "/seen_" + name, d.path + "/stop")));
   }
   std::string seen(const std::string& name) const { return d.file("seen_" + name); }
   void stop() const { std::ofstream(d.file("stop")).close(); }

@@ -26,22 +26,6 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-std::vector<std::string> lines_of(const std::string& path) {
-  std::vector<std::string> out;
-  std::istringstream in(read_file(path));
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-bool wait_for_lines(const std::string& path, size_t n, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (lines_of(path).size() >= n) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
-
 std::string join(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& s : v) out += (out.empty() ? "" : ",") + s;

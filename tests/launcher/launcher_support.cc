@@ -142,6 +142,29 @@ std::vector<int> read_pids(const std::string& dir, const std::string& prefix) {
   return pids;
 }
 
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> out;
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+bool wait_for_lines(const std::string& path, size_t n, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (lines_of(path).size() >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+std::vector<std::string> recording_worker(const std::string& record_file,
+                                          const std::string& stop_file) {
+  return sh("echo \"$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT\" >> " + record_file +
+            "; i=0; while [ ! -e " + stop_file +
+            " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done");
+}
+
 int count_lines_with(const std::string& text, const std::string& needle) {
   std::istringstream in(text);
   std::string line;

@@ -54,6 +54,16 @@ bool wait_for_port(int port, std::chrono::milliseconds timeout);
 // Number of lines of `text` containing `needle`.
 int count_lines_with(const std::string& text, const std::string& needle);
 
+// The lines of the file at `path` (none when it is missing).
+std::vector<std::string> lines_of(const std::string& path);
+// Waits until the file at `path` has at least `n` lines.
+bool wait_for_lines(const std::string& path, size_t n, std::chrono::milliseconds timeout);
+
+// A shell worker for elastic tests: appends "<WORLD_SIZE> <restart count>" to
+// `record_file`, then runs until `stop_file` exists (at most 60 s).
+std::vector<std::string> recording_worker(const std::string& record_file,
+                                          const std::string& stop_file);
+
 // A worker written in sh: `body` runs with the worker's environment.
 std::vector<std::string> sh(const std::string& body);
 
