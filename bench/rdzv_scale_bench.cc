@@ -1,7 +1,9 @@
 // ctorch-rdzv-bench: how the c10d rendezvous scales with the number of
 // agents. N agents, each a thread with its own TCP connection to one store
-// (ctorch-store's server, in this process on its own thread), run the real
-// state machine (rendezvous/c10d_state.h) the way C10dHandler drives it:
+// (ctorch-store's server, in this process on its own thread) and a second
+// one bound to it for its records (its presence, as the agent holds it), run
+// the real state machine (rendezvous/c10d_state.h) the way C10dHandler
+// drives it:
 // join, then poll and wait on the key the state names, until the round
 // (--nnodes=N:N) is complete with the agent in it.
 //
@@ -150,6 +152,7 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
       const auto idx = static_cast<size_t>(i);
       try {
         std::shared_ptr<store::Store> conn;
+        std::shared_ptr<store::Store> presence;  // as the agent holds it
         if (server) {
           store::TcpStoreOptions o;
           o.host = "127.0.0.1";
@@ -157,9 +160,15 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
           o.timeout = milliseconds(60'000);
           o.connect_timeout = milliseconds(60'000);
           conn = std::make_shared<store::TcpStore>(o);
+          auto bound = std::make_shared<store::TcpStore>(o);
+          bound->bind_keys_to_connection();
+          presence = std::make_shared<store::PrefixStore>("ctorchrun/" + id, bound);
         } else {
           auto client = std::make_shared<etcd::EtcdClient>(etcd_endpoints, milliseconds(60'000));
           conn = std::make_shared<etcd::EtcdStore>(client, "/ctorchrun-bench/");
+          auto leased = std::make_shared<etcd::EtcdStore>(client, "/ctorchrun-bench/");
+          leased->bind_keys_to_lease(milliseconds(15'000));
+          presence = std::make_shared<store::PrefixStore>("ctorchrun/" + id, leased);
         }
         store::PrefixStore job("ctorchrun/" + id, conn);
         CountingStore counted(job);
@@ -169,7 +178,9 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
         me.pid = 1000 + i;
         rendezvous::C10dTiming timing;
         timing.last_call_timeout = milliseconds(30'000);
-        rendezvous::C10dState state(counted, {agents, agents, 3, "train.py"}, me, timing);
+        rendezvous::C10dState state(counted, {agents, agents, 3, "train.py"}, me, timing,
+                                    rendezvous::C10dState::Clock::now,
+                                    rendezvous::C10dState::WallClock::now, presence.get());
         {
           std::unique_lock<std::mutex> lock(mu);
           ++connected;

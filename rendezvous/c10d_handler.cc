@@ -435,10 +435,16 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     presence_->set(presence_key_, std::to_string(::getpid()));
   }
   auto presence = presence_;
-  info.withdraw = [presence, key = presence_key_] {
+  info.withdraw = [presence, key = presence_key_,
+                   record = C10dState::round_key(
+                       round.generation, round.round,
+                       "node/" + round.slots.at(static_cast<size_t>(round.group_rank)))] {
     if (!presence || key.empty()) return;
     try {
+      // Deleted on purpose: no gone marker, so nobody takes this node for
+      // lost.
       presence->delete_key(key);
+      presence->delete_key(record);
     } catch (const Error&) {
       // The store is gone: nobody is left to mistake this node for lost.
     }

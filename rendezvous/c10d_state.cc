@@ -255,12 +255,9 @@ void C10dState::try_complete() {
   for (const auto* list : {&back, &fresh}) {
     for (const auto& p : *list) {
       if (static_cast<int>(slots.size()) >= settings_.max_nodes) break;
-      // A node that entered and died since (its record's gone marker is set)
-      // is not a member.
-      if (presence_ != nullptr &&
-          job_.check({key("node/" + p.second) + store::protocol::kGoneSuffix})) {
-        continue;
-      }
+      // A node that entered and died since is found by the members' watch
+      // (its record's gone marker) right after the round forms: checking
+      // every entrant here would cost the builder N requests.
       slots.push_back(p.second);
     }
   }
@@ -473,6 +470,7 @@ C10dRoundWatch::C10dRoundWatch(store::Store& job, C10dSettings settings, const C
       generation_(round.generation),
       round_(round.round),
       members_(static_cast<int>(round.nodes.size())),
+      slots_(round.slots),
       me_(round.group_rank),
       last_call_timeout_(last_call_timeout),
       now_(std::move(now)),
@@ -519,8 +517,13 @@ std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   const std::string k = key(round_, "reform");
   if (job_.check({k})) return parse(job_.get(k));
   if (members_ > 1) {
+    // Gone: its presence key vanished with its agent, or its record did (an
+    // agent that died after entering, before it could hold its presence).
     auto gone = [&](int g) {
-      return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix});
+      return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix}) ||
+             (g < static_cast<int>(slots_.size()) &&
+              job_.check({key(round_, "node/" + slots_[static_cast<size_t>(g)]) +
+                          store::protocol::kGoneSuffix}));
     };
     if (gone((me_ + 1) % members_)) {
       MembershipChange change;

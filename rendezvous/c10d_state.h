@@ -60,9 +60,10 @@
 //     - count >= MIN and last_call_timeout has passed on a node's own steady
 //       clock since it saw rdzv/<R>/min.
 //     Completing = compare_set(claim) then compare_set(complete); a claim
-//     not followed by a roster within claim_timeout is overridden. Entrants
-//     whose record's gone marker is set (they died since) are left out; with
-//     fewer than MIN left the claim is dropped and the round waits on.
+//     not followed by a roster within claim_timeout is overridden. An
+//     entrant that died before the round completed (its record, written on
+//     its presence connection, vanished) is a member of the roster; the next
+//     member's watch finds its record's gone marker at once and re-forms.
 //   reform (C10dRoundWatch, any member):
 //     - admission: nodes wait in round R+1, round R has fewer than MAX
 //       members, last_call_timeout has passed since this member saw R complete
@@ -285,6 +286,7 @@ class C10dRoundWatch {
   int generation_;
   int round_;
   int members_;
+  std::vector<std::string> slots_;  // each member's slot, by group rank
   int me_;
   std::chrono::milliseconds last_call_timeout_;
   std::function<Clock::time_point()> now_;

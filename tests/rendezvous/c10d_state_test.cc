@@ -580,3 +580,25 @@ TEST_CASE(
   REQUIRE(r1->nodes.size() == 2);
   CHECK(r1->nodes[1].host == "c");
 }
+
+TEST_CASE(
+    "C10dRoundWatch: a member that died after entering, before holding its presence, is seen "
+    "by its record's gone marker",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(2, 2), "a", 3600s);
+  Node b(hs, clock, settings(2, 2), "b", 3600s);
+  a.state.join();
+  b.state.join();
+  auto ra = a.state.poll();
+  REQUIRE(ra);
+  REQUIRE(ra->slots.size() == 2);
+  C10dRoundWatch w(hs, settings(2, 2), *ra, 3600s, clock.fn());
+  CHECK_FALSE(w.check(0).has_value());
+  hs.set("g0/rdzv/0/node/" + ra->slots[1] + "#gone", "1");
+  auto change = w.check(0);
+  REQUIRE(change);
+  CHECK(change->lost == std::vector<int>{1});
+  CHECK(change->cause == "agent exited");
+}
