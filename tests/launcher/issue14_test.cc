@@ -121,7 +121,7 @@ TEST_CASE(
 
 TEST_CASE(
     "issue 14: the etcd leader SIGKILLed while a job runs costs no worker restart and no "
-    "agent; the job finishes",
+    "agent, the job finishes",
     "[multiproc]") {
   EtcdCluster etcd(3);
   EtcdJob job(etcd);
