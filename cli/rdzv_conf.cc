@@ -243,8 +243,10 @@ void apply_rdzv_conf(const std::string& text, const std::string& backend,
           "--rdzv_conf: key 'timeout' is the static backend's; under c10d, join_timeout says how "
           "long a node waits for a round to include it; ignored");
     } else if (!backend_reads(*k, backend)) {
+      const bool several = std::string(k->backends).find(',') != std::string::npos;
       warnings->push_back("--rdzv_conf: key '" + key + "' is read by the " + k->backends +
-                          " backend, not by " + backend + "; ignored");
+                          (several ? " backends" : " backend") + ", not by " + backend +
+                          "; ignored");
     }
   }
   if (!node_timeout_given) {

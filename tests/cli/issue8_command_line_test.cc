@@ -219,7 +219,7 @@ TEST_CASE("issue 8: an unknown --rdzv_conf key, or one the backend does not read
   CHECK(r.config.rdzv_timeout == 5000ms);
   r = parse_ok({"--rdzv_conf=join_timeout=5", "s.py"});
   REQUIRE(r.warnings.size() == 1);
-  CHECK(r.warnings[0].find("'join_timeout' is read by the c10d backend, not by static") !=
+  CHECK(r.warnings[0].find("'join_timeout' is read by the c10d, etcd-v3 backends, not by static") !=
         std::string::npos);
 }
 
