@@ -160,7 +160,10 @@ void WatchImpl::handle(const std::string& message) {
     const auto grpc = int_field(*err, "grpc_code", where);
     const auto http = int_field(*err, "http_code", where);
     const std::string msg = string_field(*err, "message", where);
-    if (grpc == 14 || grpc == 4 || http >= 500) {
+    // Unavailable, deadline exceeded, a server error, or cancelled by a
+    // member that shuts down ("grpc: the client connection is closing"):
+    // that member is gone, the watch goes on at another.
+    if (grpc == 14 || grpc == 4 || grpc == 1 || http >= 500) {
       lose("unavailable: " + msg);
       return;
     }
