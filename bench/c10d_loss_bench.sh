@@ -157,12 +157,12 @@ def descendants(roots):
             st = proc_stat(int(name))
             if st:
                 children.setdefault(st[0], []).append((int(name), st[2]))
-    found, todo = {}, list(roots)
-    while todo:
-        for pid, start in children.get(todo.pop(), []):
+    found, pending = {}, list(roots)
+    while pending:
+        for pid, start in children.get(pending.pop(), []):
             if pid not in found:
                 found[pid] = start
-                todo.append(pid)
+                pending.append(pid)
     return found
 
 
