@@ -61,6 +61,12 @@ bool valid_slot(const std::string& s) {
          std::all_of(s.begin() + 1, s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The value of a round's reform key (C10dRoundWatch::parse reads it).
+std::string reform_record(const MembershipChange& change) {
+  return nlohmann::json{{"reason", change.reason}, {"lost", change.lost}, {"cause", change.cause}}
+      .dump();
+}
+
 }  // namespace
 
 std::string C10dState::round_key(int generation, int round, const std::string& what) {
@@ -447,10 +453,7 @@ void C10dState::watch_running_round() {
   }
   change.cause = "agent exited";
   change.reason = "every node of round " + std::to_string(round_ - 1) + " was lost (agent exited)";
-  job_.compare_set(
-      round_key(generation_, round_ - 1, "reform"), "",
-      nlohmann::json{{"reason", change.reason}, {"lost", change.lost}, {"cause", change.cause}}
-          .dump());
+  job_.compare_set(round_key(generation_, round_ - 1, "reform"), "", reform_record(change));
 }
 
 std::string C10dState::progress() {
@@ -502,11 +505,7 @@ MembershipChange C10dRoundWatch::parse(const std::string& raw) const {
 }
 
 MembershipChange C10dRoundWatch::reform(const MembershipChange& change) {
-  const std::string mine = nlohmann::json{
-      {"reason", change.reason},
-      {"lost", change.lost},
-      {"cause", change.cause}}.dump();
-  return parse(job_.compare_set(key(round_, "reform"), "", mine));
+  return parse(job_.compare_set(key(round_, "reform"), "", reform_record(change)));
 }
 
 std::string C10dRoundWatch::present_key(int generation, int round, int group_rank) {
