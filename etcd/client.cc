@@ -29,6 +29,7 @@ std::string ClientCore::context(std::size_t member, const std::string& path) con
 
 Exchange ClientCore::exchange(std::size_t member, const std::string& path, const std::string& body,
                               bool streamed, Clock::time_point deadline) const {
+  exchanges.fetch_add(1, std::memory_order_relaxed);
   Exchange out;
   const std::string ctx = context(member, path);
   HttpConnection conn;
@@ -243,6 +244,12 @@ EtcdClient::~EtcdClient() = default;
 
 const std::vector<std::string>& EtcdClient::endpoints() const { return core_->texts; }
 std::chrono::milliseconds EtcdClient::read_timeout() const { return core_->read_timeout; }
+
+std::uint64_t EtcdClient::exchanges() const { return core_->exchanges.load(); }
+
+std::shared_ptr<detail::ClientCore> detail::core_of(const EtcdClient& client) {
+  return client.core_;
+}
 
 std::optional<KeyValue> EtcdClient::get(const std::string& key) const {
   const std::string path = "/v3/kv/range";

@@ -66,9 +66,12 @@
 
 namespace ctorchrun::etcd {
 
+class EtcdClient;
 namespace detail {
 struct ClientCore;
-}
+// The client's shared state, for the rest of etcd/ (client_internal.h).
+std::shared_ptr<ClientCore> core_of(const EtcdClient& client);
+}  // namespace detail
 
 class EtcdClient {
  public:
@@ -85,6 +88,9 @@ class EtcdClient {
 
   const std::vector<std::string>& endpoints() const;
   std::chrono::milliseconds read_timeout() const;
+  // Requests begun so far, one per attempt on one member (watch streams not
+  // counted): what the calls through this client cost on the wire.
+  std::uint64_t exchanges() const;
 
   // The key and its metadata, or nullopt when absent.
   std::optional<KeyValue> get(const std::string& key) const;
@@ -140,6 +146,7 @@ class EtcdClient {
                                bool prefix = false) const;
 
  private:
+  friend std::shared_ptr<detail::ClientCore> detail::core_of(const EtcdClient& client);
   std::shared_ptr<detail::ClientCore> core_;
 };
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@ struct ClientCore {
   std::vector<std::string> texts;
   std::chrono::milliseconds read_timeout{0};
   mutable std::atomic<std::size_t> preferred{0};
+  // Exchanges begun (EtcdClient::exchanges()).
+  mutable std::atomic<std::uint64_t> exchanges{0};
 
   // Time one member gets before the next is tried.
   std::chrono::milliseconds attempt_budget() const;

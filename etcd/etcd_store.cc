@@ -1,6 +1,7 @@
 #include "etcd/etcd_store.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <random>
 #include <set>
@@ -185,11 +186,7 @@ struct EtcdStore::Snapshot {
 EtcdStore::EtcdStore(std::shared_ptr<EtcdClient> client, std::string prefix)
     : client_(std::move(client)), prefix_(std::move(prefix)) {
   if (!client_) throw ConfigError("etcd store needs a client");
-  auto core = std::make_shared<detail::ClientCore>();
-  for (const auto& e : client_->endpoints()) core->endpoints.push_back(detail::parse_endpoint(e));
-  core->texts = client_->endpoints();
-  core->read_timeout = client_->read_timeout();
-  core_ = std::move(core);
+  core_ = detail::core_of(*client_);
 }
 
 EtcdStore::~EtcdStore() = default;
@@ -347,6 +344,9 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
         throw Error("add on key '" + printable(key) + "': stored value '" +
                     printable(current->value) + "' is not an integer (" + where() + ")");
       old = *parsed;
+      // Adding 0 to a number is a read: no transaction for every other
+      // reader's to collide with (add(key, 0) is how counters are polled).
+      if (delta == 0) return old;
     }
     int64_t updated = 0;
     if (__builtin_add_overflow(old, delta, &updated))
@@ -366,6 +366,59 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   throw TimeoutError("add on key '" + printable(key) + "' (" + where() + "): lost " +
                      std::to_string(kMaxAttempts) +
                      " compare-and-set races in a row; too many concurrent writers");
+}
+
+std::string EtcdStore::tally_token() {
+  std::lock_guard<std::mutex> lock(token_mutex_);
+  if (token_base_.empty()) {
+    std::random_device rd;
+    std::mt19937_64 rng((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                  static_cast<unsigned long long>(rng()));
+    token_base_ = buf;
+  }
+  return token_base_ + "." + std::to_string(++token_count_);
+}
+
+int64_t EtcdStore::tally_add(const std::string& key, const std::string& entry) {
+  const std::string dir = prefix_ + key + kTallySuffix;
+  const std::string ctx = "etcd tally on '" + printable(dir) + "'";
+  // One transaction with no compare, so it never fails against another
+  // writer: a new key of this enrolment, then the count of the tally's keys.
+  // etcd applies transactions one at a time, so the count is this
+  // enrolment's place. Unbound (no lease): a tally never shrinks.
+  const json range = {
+      {"request_range",
+       {{"key", b64(dir)}, {"range_end", b64(detail::prefix_end(dir))}, {"count_only", true}}}};
+  const json body = txn_body(
+      json::array(), json::array({op_put(dir + tally_token(), entry, 0), range}), json::array());
+  // Not replayed: a replay after a lost answer would be given a later place.
+  const json resp = core_->call("/v3/kv/txn", body, false);
+  const std::int64_t place =
+      detail::int_field(response_at(resp, 1, "response_range", ctx), "count", ctx);
+  if (place < 1)
+    throw ProtocolError(ctx + ": the count after an enrolment is " + std::to_string(place));
+  return place;
+}
+
+int64_t EtcdStore::tally_count(const std::string& key) {
+  const std::string dir = prefix_ + key + kTallySuffix;
+  const std::string ctx = "etcd tally count of '" + printable(dir) + "'";
+  const json resp = core_->call(
+      "/v3/kv/range",
+      {{"key", b64(dir)}, {"range_end", b64(detail::prefix_end(dir))}, {"count_only", true}}, true);
+  detail::header_revision(resp, ctx);
+  return detail::int_field(resp, "count", ctx);
+}
+
+std::vector<std::string> EtcdStore::tally_entries(const std::string& key) {
+  const RangeResult r = client_->range_prefix(prefix_ + key + kTallySuffix);
+  std::vector<std::string> out;
+  for (const auto& kv : r.kvs) {
+    if (!kv.value.empty()) out.push_back(kv.value);
+  }
+  return out;
 }
 
 std::string EtcdStore::compare_set(const std::string& key, const std::string& expected,

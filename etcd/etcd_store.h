@@ -38,6 +38,14 @@
 //    at most kMaxAttempts rounds each (TimeoutError past that: too many
 //    concurrent writers of one key). Neither is replayed on another member
 //    after an ambiguous failure (IoError instead), so neither applies twice.
+//    add(key, 0) on a key holding a number is one read.
+//  - tallies (store/store.h) never contend: tally_add() puts a key of its
+//    own, key#tally/<token> (the entry as its value, no lease), and counts
+//    the tally's keys in the same transaction, one round trip; etcd
+//    serialises transactions, so the count is the enrolment's place.
+//    tally_count() counts those keys, tally_entries() reads them. Many
+//    writers cost one transaction each, where an add() on one key costs
+//    O(writers) retries each.
 //  - num_keys() counts every etcd key under the prefix, whoever wrote it,
 //    including the binding markers below (key#held, key#left): it is the
 //    number of keys in this store's part of etcd, as TcpStore's is the number
@@ -132,6 +140,8 @@ class EtcdStore : public store::Store {
   static constexpr std::size_t kInlineValueBytes = 256 * 1024;
   static constexpr const char* kHeldSuffix = "#held";
   static constexpr const char* kLeftSuffix = "#left";
+  // A tally's keys: key + kTallySuffix + a token unique to the enrolment.
+  static constexpr const char* kTallySuffix = "#tally/";
 
   // `prefix` is prepended to every key (usually "/ctorchrun/<run id>/").
   // Throws ConfigError for a null client. Connects to nothing yet.
@@ -154,6 +164,9 @@ class EtcdStore : public store::Store {
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
+  int64_t tally_add(const std::string& key, const std::string& entry) override;
+  int64_t tally_count(const std::string& key) override;
+  std::vector<std::string> tally_entries(const std::string& key) override;
 
   // Binds every key this store creates from now on to a new lease of `ttl`
   // (rounded up to whole seconds, at least 1; etcd may raise it to its
@@ -195,13 +208,20 @@ class EtcdStore : public store::Store {
   std::string where() const;
 
   std::shared_ptr<EtcdClient> client_;
-  // The client's members and deadline, for the transactions the client's
-  // API has no call for (several keys, nested compares, ignore_lease).
+  // The client's own state (members, deadline, the member that answered
+  // last), for the transactions the client's API has no call for (several
+  // keys, nested compares, ignore_lease).
   std::shared_ptr<detail::ClientCore> core_;
   const std::string prefix_;
 
   mutable std::mutex lease_mutex_;
   std::unique_ptr<LeaseKeeper> keeper_;  // null while unbound
+
+  // A random base drawn once per store, and a counter: tally_token().
+  std::string tally_token();
+  std::mutex token_mutex_;
+  std::string token_base_;
+  std::uint64_t token_count_ = 0;
 };
 
 }  // namespace ctorchrun::etcd

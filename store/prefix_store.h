@@ -31,6 +31,13 @@ class PrefixStore : public Store {
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
+  int64_t tally_add(const std::string& key, const std::string& entry) override {
+    return store_->tally_add(join(key), entry);
+  }
+  int64_t tally_count(const std::string& key) override { return store_->tally_count(join(key)); }
+  std::vector<std::string> tally_entries(const std::string& key) override {
+    return store_->tally_entries(join(key));
+  }
 
   const std::string& prefix() const { return prefix_; }
   // The key the wrapped store sees for `key`.

@@ -9,7 +9,8 @@
 //  - add() parses the stored value like C's stoll, stores the sum as decimal
 //    text and returns it; a missing key counts as 0;
 //  - compare_set() follows torch's four rules (see compare_set below);
-//  - num_keys() counts every key of the store, whoever wrote it.
+//  - num_keys() counts every key of the store, whoever wrote it;
+//  - tallies (tally_add and its readers) are ours, not torch's: below.
 //
 // Thread safety: every implementation in this folder may be called from
 // several threads at once. Calls block for at most their timeout.
@@ -70,11 +71,38 @@ class Store {
   virtual void multi_set(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values) = 0;
 
+  // Tallies: many writers enrol at once under `key`, each learning its place.
+  // A tally only grows; read it only through these three. Each store chooses
+  // its layout: one whose add() and append() are single atomic requests
+  // (TcpStore, HashStore) uses portable_tally (below); one whose writes are
+  // compare-and-set loops (etcd) keeps one key per enrolment so that no
+  // writer ever retries against the others. Wrappers forward all three.
+  //
+  // Enrols `entry` (may be empty: counted, not listed) and returns the number
+  // enrolled up to and including this one: 1, 2, 3... in the store's order,
+  // each place given once. Not retried after an ambiguous failure (IoError),
+  // so that nothing is counted twice.
+  virtual int64_t tally_add(const std::string& key, const std::string& entry) = 0;
+  // The number enrolled now (0 when none).
+  virtual int64_t tally_count(const std::string& key) = 0;
+  // The non-empty entries enrolled, in no promised order.
+  virtual std::vector<std::string> tally_entries(const std::string& key) = 0;
+
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
  protected:
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
 };
+
+// The tally in plain operations: the entries appended to `key` as
+// "<entry>," (so an entry holds no ','; ConfigError otherwise), then the count
+// added at key + kCountSuffix. Two requests per enrolment, one per read.
+namespace portable_tally {
+inline constexpr const char* kCountSuffix = "#count";
+int64_t add(Store& store, const std::string& key, const std::string& entry);
+int64_t count(Store& store, const std::string& key);
+std::vector<std::string> entries(Store& store, const std::string& key);
+}  // namespace portable_tally
 
 }  // namespace ctorchrun::store

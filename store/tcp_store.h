@@ -87,6 +87,13 @@ class TcpStore : public Store {
   std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
+  int64_t tally_add(const std::string& key, const std::string& entry) override {
+    return portable_tally::add(*this, key, entry);
+  }
+  int64_t tally_count(const std::string& key) override { return portable_tally::count(*this, key); }
+  std::vector<std::string> tally_entries(const std::string& key) override {
+    return portable_tally::entries(*this, key);
+  }
 
   // Keys that start with '/', without it (torch's list_keys). v2 servers only.
   std::vector<std::string> list_keys();

@@ -237,6 +237,57 @@ TEST_CASE("EtcdStore: concurrent adds from threads give distinct results", "[mul
   CHECK(s->get("ctr") == std::to_string(kThreads * kAdds));
 }
 
+TEST_CASE(
+    "EtcdStore: a tally costs one request per enrolment however many enrol at once, and add of 0 "
+    "is one read",
+    "[multiproc]") {
+  EtcdCluster cluster(1);
+  auto client = client_of(cluster, 10s);
+  auto s = std::make_shared<EtcdStore>(client, "/p/");
+  // A bound store: its tally keys are still unbound (a tally never shrinks).
+  s->bind_keys_to_lease(5s);
+  constexpr int kThreads = 32;
+  std::vector<int64_t> places(kThreads);
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::atomic<int> failures{0};
+  const std::uint64_t before = client->exchanges();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ++ready;
+      for (int i = 0; i < 100000 && !go; ++i) std::this_thread::sleep_for(100us);
+      try {
+        places[static_cast<size_t>(t)] = s->tally_add("round/entered", "n" + std::to_string(t));
+      } catch (...) {
+        ++failures;
+      }
+    });
+  }
+  for (int i = 0; i < 100000 && ready < kThreads; ++i) std::this_thread::sleep_for(100us);
+  go = true;
+  for (auto& t : threads) t.join();
+  CHECK(failures == 0);
+  // All at once, and no retry: one transaction each (a compare-and-set
+  // counter retries each loser of every race).
+  CHECK(client->exchanges() - before == kThreads);
+  std::sort(places.begin(), places.end());
+  std::vector<int64_t> expected(kThreads);
+  for (int i = 0; i < kThreads; ++i) expected[static_cast<size_t>(i)] = i + 1;
+  CHECK(places == expected);
+  const auto kvs = client->range_prefix("/p/round/entered" + std::string(EtcdStore::kTallySuffix));
+  CHECK(kvs.kvs.size() == kThreads);
+  for (const auto& kv : kvs.kvs) CHECK(kv.lease == 0);
+  CHECK(s->tally_entries("round/entered").size() == kThreads);
+
+  s->add("gen", 3);
+  const std::uint64_t reads = client->exchanges();
+  CHECK(s->add("gen", 0) == 3);
+  CHECK(client->exchanges() - reads == 1);
+  CHECK(s->tally_count("round/entered") == kThreads);
+  CHECK(client->exchanges() - reads == 2);
+}
+
 TEST_CASE("EtcdStore: bound keys vanish when the holder dies, deleted ones leave a left marker",
           "[multiproc]") {
   EtcdCluster cluster(1);

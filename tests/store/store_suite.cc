@@ -1,9 +1,11 @@
 #include "tests/store/store_suite.h"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <exception>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -188,6 +190,57 @@ void run_store_suite(const StoreFactory& make_client) {
     for (auto& t : threads) t.join();
     CHECK(failures == 0);
     CHECK(s->add(p + "shared-ctr", 0) == kThreads * kAdds);
+  }
+
+  {
+    INFO("a tally gives each of many concurrent enrolments its own place");
+    CHECK(s->tally_count(p + "tally") == 0);
+    CHECK(s->tally_entries(p + "tally").empty());
+    constexpr int kThreads = 6;
+    constexpr int kEach = 20;
+    std::vector<std::vector<int64_t>> places(kThreads);
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        try {
+          auto c = make_client();
+          for (int i = 0; i < kEach; ++i) {
+            // Odd enrolments are counted and not listed.
+            const std::string entry =
+                i % 2 == 0 ? "t" + std::to_string(t) + "." + std::to_string(i) : "";
+            places[static_cast<size_t>(t)].push_back(c->tally_add(p + "tally", entry));
+          }
+        } catch (...) {
+          ++failures;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    CHECK(failures == 0);
+    std::vector<int64_t> all;
+    for (const auto& v : places) {
+      // One writer's places grow: a later enrolment never comes first.
+      CHECK(std::is_sorted(v.begin(), v.end()));
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> expected(kThreads * kEach);
+    std::iota(expected.begin(), expected.end(), 1);
+    CHECK(all == expected);
+    CHECK(s->tally_count(p + "tally") == kThreads * kEach);
+    auto entries = s->tally_entries(p + "tally");
+    std::sort(entries.begin(), entries.end());
+    std::vector<std::string> listed;
+    for (int t = 0; t < kThreads; ++t) {
+      for (int i = 0; i < kEach; i += 2)
+        listed.push_back("t" + std::to_string(t) + "." + std::to_string(i));
+    }
+    std::sort(listed.begin(), listed.end());
+    CHECK(entries == listed);
+    // Tallies of other keys are apart.
+    CHECK(s->tally_add(p + "tally2", "x") == 1);
+    CHECK(s->tally_count(p + "tally") == kThreads * kEach);
   }
 }
 

@@ -32,7 +32,9 @@ class FaultStore : public store::Store {
     kDelete,
     kAppend,
     kMultiGet,
-    kMultiSet
+    kMultiSet,
+    kTallyAdd,
+    kTallyRead
   };
 
   explicit FaultStore(std::shared_ptr<store::Store> inner) : inner_(std::move(inner)) {}
@@ -105,6 +107,18 @@ class FaultStore : public store::Store {
                  const std::vector<std::string>& values) override {
     before(Op::kMultiSet, keys);
     inner_->multi_set(keys, values);
+  }
+  int64_t tally_add(const std::string& key, const std::string& entry) override {
+    before(Op::kTallyAdd, {key});
+    return inner_->tally_add(key, entry);
+  }
+  int64_t tally_count(const std::string& key) override {
+    before(Op::kTallyRead, {key});
+    return inner_->tally_count(key);
+  }
+  std::vector<std::string> tally_entries(const std::string& key) override {
+    before(Op::kTallyRead, {key});
+    return inner_->tally_entries(key);
   }
 
  private:
