@@ -47,10 +47,11 @@ using std::chrono::milliseconds;
 namespace {
 
 // Forwards to a store and counts requests and bytes (keys and values sent,
-// values received).
+// values received). A tally of a TCP store costs its portable form's
+// requests (`portable`); etcd's is one request each.
 class CountingStore : public store::Store {
  public:
-  explicit CountingStore(store::Store& inner) : inner_(inner) {}
+  CountingStore(store::Store& inner, bool portable) : inner_(inner), portable_(portable) {}
   int64_t requests = 0;
   int64_t bytes = 0;
 
@@ -103,6 +104,22 @@ class CountingStore : public store::Store {
     count(total(k) + total(v));
     inner_.multi_set(k, v);
   }
+  int64_t tally_add(const std::string& k, const std::string& e) override {
+    if (portable_) return store::portable_tally::add(*this, k, e);
+    count(k.size() + e.size() + 8);
+    return inner_.tally_add(k, e);
+  }
+  int64_t tally_count(const std::string& k) override {
+    if (portable_) return store::portable_tally::count(*this, k);
+    count(k.size() + 8);
+    return inner_.tally_count(k);
+  }
+  std::vector<std::string> tally_entries(const std::string& k) override {
+    if (portable_) return store::portable_tally::entries(*this, k);
+    auto v = inner_.tally_entries(k);
+    count(k.size() + total(v));
+    return v;
+  }
 
  private:
   void count(size_t b) {
@@ -115,6 +132,7 @@ class CountingStore : public store::Store {
     return n;
   }
   store::Store& inner_;
+  const bool portable_;
 };
 
 struct Result {
@@ -123,6 +141,9 @@ struct Result {
   int64_t max_requests = 0;
   int64_t median_requests = 0;
   int64_t max_bytes = 0;
+  // etcd: requests on the wire per agent (retries and keep-alives included).
+  int64_t max_exchanges = 0;
+  int64_t median_exchanges = 0;
   int failures = 0;
   std::string first_error;
 };
@@ -139,7 +160,8 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
   std::condition_variable cv;
   int connected = 0;
   bool go = false;
-  std::vector<int64_t> requests(static_cast<size_t>(agents)), bytes(static_cast<size_t>(agents));
+  std::vector<int64_t> requests(static_cast<size_t>(agents)), bytes(static_cast<size_t>(agents)),
+      exchanges(static_cast<size_t>(agents));
   std::vector<Clock::time_point> done(static_cast<size_t>(agents));
   std::atomic<int> failures{0};
   std::string first_error;
@@ -153,6 +175,7 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
       try {
         std::shared_ptr<store::Store> conn;
         std::shared_ptr<store::Store> presence;  // as the agent holds it
+        std::shared_ptr<etcd::EtcdClient> etcd_client;
         if (server) {
           store::TcpStoreOptions o;
           o.host = "127.0.0.1";
@@ -165,13 +188,14 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
           presence = std::make_shared<store::PrefixStore>("ctorchrun/" + id, bound);
         } else {
           auto client = std::make_shared<etcd::EtcdClient>(etcd_endpoints, milliseconds(60'000));
+          etcd_client = client;
           conn = std::make_shared<etcd::EtcdStore>(client, "/ctorchrun-bench/");
           auto leased = std::make_shared<etcd::EtcdStore>(client, "/ctorchrun-bench/");
           leased->bind_keys_to_lease(milliseconds(15'000));
           presence = std::make_shared<store::PrefixStore>("ctorchrun/" + id, leased);
         }
         store::PrefixStore job("ctorchrun/" + id, conn);
-        CountingStore counted(job);
+        CountingStore counted(job, server != nullptr);
         rendezvous::NodeInfo me;
         me.local_world_size = 8;
         me.host = "node" + std::to_string(i);
@@ -200,6 +224,7 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
         done[idx] = Clock::now();
         requests[idx] = counted.requests;
         bytes[idx] = counted.bytes;
+        if (etcd_client) exchanges[idx] = static_cast<int64_t>(etcd_client->exchanges());
       } catch (const std::exception& e) {
         ++failures;
         std::lock_guard<std::mutex> lock(mu);
@@ -227,6 +252,9 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
   r.max_requests = sorted.back();
   r.median_requests = sorted[sorted.size() / 2];
   r.max_bytes = *std::max_element(bytes.begin(), bytes.end());
+  std::sort(exchanges.begin(), exchanges.end());
+  r.max_exchanges = exchanges.back();
+  r.median_exchanges = exchanges[exchanges.size() / 2];
   return r;
 }
 
@@ -283,15 +311,22 @@ int main(int argc, char** argv) {
     for (const auto& r : results) std::printf(" %.3f", r.seconds);
     std::printf(
         ") requests/agent max=%lld median=%lld bytes/agent max=%lld connect_s=%.3f "
-        "failures=%d\n",
+        "failures=%d",
         static_cast<long long>(last.max_requests), static_cast<long long>(last.median_requests),
         static_cast<long long>(last.max_bytes), last.connect_seconds, failures);
+    if (!etcd_endpoints.empty()) {
+      std::printf(" etcd_requests/agent max=%lld median=%lld",
+                  static_cast<long long>(last.max_exchanges),
+                  static_cast<long long>(last.median_exchanges));
+    }
+    std::printf("\n");
     std::fflush(stdout);
     out.push_back({{"agents", n},
                    {"round_s_median", secs[secs.size() / 2]},
                    {"max_requests_per_agent", last.max_requests},
                    {"median_requests_per_agent", last.median_requests},
                    {"max_bytes_per_agent", last.max_bytes},
+                   {"max_etcd_requests_per_agent", last.max_exchanges},
                    {"failures", failures}});
   }
   std::printf("%s\n", out.dump().c_str());

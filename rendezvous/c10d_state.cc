@@ -198,7 +198,7 @@ void C10dState::enter_as_newcomer(int round, int attempt, bool open) {
   open_ = open;
   running_members_ = 0;
   next_watched_ = 0;
-  const int i = static_cast<int>(job_.add(key("joined"), 1));
+  const int i = static_cast<int>(job_.tally_add(key("joined"), ""));
   slot_ = "n" + std::to_string(i);
   enter(slot_, attempt);
 }
@@ -216,10 +216,9 @@ void C10dState::enter(const std::string& slot, int attempt) {
   // On the presence connection, the record vanishes with this agent (and its
   // gone marker tells the node that builds the roster).
   (presence_ != nullptr ? *presence_ : job_).set(key("node/" + slot), record_json(attempt));
-  job_.append(key("entered"), slot + ",");
   int rejoined = 0;
-  if (slot[0] == 'm') rejoined = static_cast<int>(job_.add(key("rejoined"), 1));
-  const int count = static_cast<int>(job_.add(key("count"), 1));
+  if (slot[0] == 'm') rejoined = static_cast<int>(job_.tally_add(key("rejoined"), ""));
+  const int count = static_cast<int>(job_.tally_add(key("entered"), slot));
   if (count == settings_.min_nodes) job_.set(key("min"), "1");
   if (!open_) return;
   const bool all_back = rejoined >= expected_back_;
@@ -237,17 +236,13 @@ void C10dState::try_complete() {
     // The claimant went silent: build the roster here; compare_set keeps one.
   }
   const std::string entered_key = key("entered");
-  const std::string raw = job_.get(entered_key);
+  const std::vector<std::string> entered = job_.tally_entries(entered_key);
+  CTORCHRUN_CHECK(entered.size() <= static_cast<size_t>(kMaxSteps),
+                  "runaway list at " + entered_key);
   std::vector<std::pair<int, std::string>> back, fresh;  // (number, slot)
-  size_t at = 0;
-  for (int step = 0; at < raw.size(); ++step) {
-    CTORCHRUN_CHECK(step < kMaxSteps, "runaway list at " + entered_key);
-    size_t comma = raw.find(',', at);
-    if (comma == std::string::npos) comma = raw.size();
-    std::string s = raw.substr(at, comma - at);
-    at = comma + 1;
+  for (const std::string& s : entered) {
     if (!valid_slot(s)) {
-      throw ProtocolError("unreadable record at key '" + entered_key + "': " + raw.substr(0, 200));
+      throw ProtocolError("unreadable record at key '" + entered_key + "': " + s.substr(0, 200));
     }
     auto& list = s[0] == 'm' ? back : fresh;
     const int n = std::stoi(s.substr(1));
@@ -391,8 +386,8 @@ std::optional<C10dRound> C10dState::poll() {
     expected_back_ = expected_members(size, lost);
     open_ = true;
   }
-  const int count = static_cast<int>(job_.add(key("count"), 0));
-  const int rejoined = expected_back_ > 0 ? static_cast<int>(job_.add(key("rejoined"), 0)) : 0;
+  const int count = static_cast<int>(job_.tally_count(key("entered")));
+  const int rejoined = expected_back_ > 0 ? static_cast<int>(job_.tally_count(key("rejoined"))) : 0;
   const bool all_back = rejoined >= expected_back_;
   if (count >= settings_.min_nodes) min_seen_ = true;
   if ((count >= settings_.max_nodes && all_back) ||
@@ -424,7 +419,7 @@ int C10dState::close(const std::string& outcome) {
   job_.compare_set(
       closed_key(generation_), "",
       nlohmann::json{{"outcome", outcome}, {"round", round_}, {"closed_at_ms", ms}}.dump());
-  return static_cast<int>(job_.add(round_key(generation_, round_ + 1, "count"), 0));
+  return static_cast<int>(job_.tally_count(round_key(generation_, round_ + 1, "entered")));
 }
 
 int C10dState::closed_seen() {
@@ -457,7 +452,7 @@ void C10dState::watch_running_round() {
 }
 
 std::string C10dState::progress() {
-  int count = round_ >= 0 ? static_cast<int>(job_.add(key("count"), 0)) : 0;
+  int count = round_ >= 0 ? static_cast<int>(job_.tally_count(key("entered"))) : 0;
   return std::to_string(count) + " of min " + std::to_string(settings_.min_nodes) + ", max " +
          std::to_string(settings_.max_nodes) + " nodes joined round " +
          std::to_string(std::max(round_, 0));
@@ -540,7 +535,7 @@ std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   if (members_ >= settings_.max_nodes || now_() - formed_at_ < last_call_timeout_) {
     return std::nullopt;
   }
-  const int64_t waiting = job_.add(key(round_ + 1, "count"), 0);
+  const int64_t waiting = job_.tally_count(key(round_ + 1, "entered"));
   if (waiting <= 0) return std::nullopt;
   // One gate per attempt: either it admits or its workers finish, never both.
   if (job_.compare_set(key(round_, "gate/" + std::to_string(attempt)), "", "admit") != "admit") {

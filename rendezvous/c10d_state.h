@@ -20,15 +20,15 @@
 //   g<G>/rdzv/round      a hint: the newest round that completed (set by the
 //                        node that completed it).
 //   g<G>/rdzv/<R>/...    round R:
-//     joined             ADD: a newcomer's arrival index i (its slot "n<i>")
+//     joined             tally (store.h): a newcomer's place i (its slot "n<i>")
 //     node/<slot>        a node's record {"lws", "host", "pid", "he" (hosts the
 //                        endpoint), "attempt" (the job's restart count it
 //                        carries; 0 for a newcomer)}. Slots: "n<i>" for the
 //                        i-th newcomer, "m<g>" for the member of round R-1
 //                        with group rank g, coming back.
-//     entered            APPEND "<slot>," once the node's record is written
-//     rejoined           ADD: members of R-1 that came back
-//     count              ADD: nodes entered (its result says who made MIN/MAX)
+//     entered            tally of slots, once the node's record is written;
+//                        its count says who made MIN/MAX
+//     rejoined           tally: members of R-1 that came back
 //     min                set by the node whose count reached MIN: the start of
 //                        every node's last call
 //     claim              compare_set: the node that builds the roster
@@ -54,7 +54,7 @@
 // ## Transitions of round R
 //   open:      R = 0, or rdzv/<R-1>/reform is set.
 //   complete:  when open and one of
-//     - count reached MAX (the node whose ADD returned MAX completes it),
+//     - count reached MAX (the node whose tally_add returned MAX completes it),
 //     - every member of R-1 not listed as lost has come back and count >= MIN
 //       (the last of them completes it: no last call after a re-formation),
 //     - count >= MIN and last_call_timeout has passed on a node's own steady

@@ -47,7 +47,8 @@ rendezvous::C10dTiming timing(std::chrono::milliseconds last_call,
   return t;
 }
 
-// Forwards to a HashStore and counts the requests.
+// Forwards to a HashStore and counts the requests a TCP store would get
+// (a tally in its portable form: append and add).
 class CountingStore : public store::Store {
  public:
   explicit CountingStore(store::Store& inner) : inner_(inner) {}
@@ -74,6 +75,15 @@ class CountingStore : public store::Store {
   }
   void multi_set(const std::vector<std::string>& k, const std::vector<std::string>& v) override {
     ++requests, inner_.multi_set(k, v);
+  }
+  int64_t tally_add(const std::string& k, const std::string& e) override {
+    return store::portable_tally::add(*this, k, e);
+  }
+  int64_t tally_count(const std::string& k) override {
+    return store::portable_tally::count(*this, k);
+  }
+  std::vector<std::string> tally_entries(const std::string& k) override {
+    return store::portable_tally::entries(*this, k);
   }
 
  private:
@@ -442,7 +452,7 @@ TEST_CASE(
          "(b) has 1");
   refuse(settings(2, 2, 3, "other.py"), "--entrypoint: the job's first node has train.py");
   // The refused nodes took no arrival index.
-  CHECK(hs.add("g0/rdzv/0/joined", 0) == 1);
+  CHECK(hs.tally_count("g0/rdzv/0/joined") == 1);
 }
 
 TEST_CASE("C10dState: store requests per node are bounded by a constant, whatever the size",
