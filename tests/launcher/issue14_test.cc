@@ -42,13 +42,15 @@ struct EtcdJob {
       "join_timeout=30,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2,"
       "read_timeout=5";
 
+  // Each worker appends "<WORLD_SIZE> <restart count> <GROUP_RANK>" to seen_<name>.
   std::unique_ptr<Process> agent(const std::string& name) {
-    return start_ctorchrun(concat({"--nnodes=" + nnodes, "--rdzv_backend=etcd-v3",
-                                   "--rdzv_endpoint=" + join(etcd.client_endpoints()),
-                                   "--rdzv_id=" + id, "--max_restarts=0", "--rdzv_conf=" + conf},
-                                  sh("echo \"$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT\" >> " +
-                                     d.path + "/seen_" + name + "; i=0; while [ ! -e " + d.path +
-                                     "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done")));
+    return start_ctorchrun(
+        concat({"--nnodes=" + nnodes, "--rdzv_backend=etcd-v3",
+                "--rdzv_endpoint=" + join(etcd.client_endpoints()), "--rdzv_id=" + id,
+                "--max_restarts=0", "--rdzv_conf=" + conf},
+               sh("echo \"$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $GROUP_RANK\" >> " + d.path +
+                  "/seen_" + name + "; i=0; while [ ! -e " + d.path +
+                  "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done")));
   }
   std::string seen(const std::string& name) const { return d.file("seen_" + name); }
   void stop() const { std::ofstream(d.file("stop")).close(); }
@@ -94,8 +96,8 @@ TEST_CASE(
   auto b = job.agent("b");
   REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
   REQUIRE(wait_for_lines(job.seen("a"), 2, 30s));
-  CHECK(lines_of(job.seen("a")) == std::vector<std::string>{"1 0", "2 0"});
-  CHECK(lines_of(job.seen("b")) == std::vector<std::string>{"2 0"});
+  CHECK(lines_of(job.seen("a")) == std::vector<std::string>{"1 0 0", "2 0 0"});
+  CHECK(lines_of(job.seen("b")) == std::vector<std::string>{"2 0 1"});
   job.stop();
   int rca = a->exit_code(30s), rcb = b->exit_code(30s);
   INFO(a->read_all(1s) + "\n----\n" + b->read_all(1s));
@@ -120,8 +122,112 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: the etcd leader SIGKILLed while a job runs costs no worker restart and no "
-    "agent, the job finishes",
+    "issue 14: the closed marker of a finished etcd job expires after join_timeout, "
+    "leaving the prefix empty",
+    "[multiproc]") {
+  EtcdCluster etcd(1);
+  EtcdJob job(etcd);
+  job.nnodes = "1";
+  job.conf = "join_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=2,read_timeout=5";
+  job.stop();  // the worker ends at once
+  auto a = job.agent("a");
+  const int rc = a->exit_code(60s);
+  INFO(a->read_all(1s));
+  REQUIRE(rc == 0);
+  etcd::EtcdClient client(etcd.client_endpoints(), 5s);
+  CHECK(client.range_prefix("/ctorchrun/" + job.id + "/").kvs.size() == 1);
+  // The lease of 3 s, and etcd's expiry pass: bounded by 20 s.
+  size_t left = 1;
+  for (int i = 0; i < 200 && left != 0; ++i) {
+    std::this_thread::sleep_for(100ms);
+    left = client.range_prefix("/ctorchrun/" + job.id + "/").kvs.size();
+  }
+  CHECK(left == 0);
+  CHECK(client.range_prefix("/ctorchrun/").kvs.empty());
+}
+
+TEST_CASE(
+    "issue 14: the etcd leader SIGKILLed while three agents run costs no worker restart and "
+    "no agent, the job finishes",
+    "[multiproc]") {
+  EtcdCluster etcd(3);
+  EtcdJob job(etcd);
+  job.nnodes = "3:3";
+  auto a = job.agent("a");
+  auto b = job.agent("b");
+  auto c = job.agent("c");
+  for (const char* n : {"a", "b", "c"}) REQUIRE(wait_for_lines(job.seen(n), 1, 30s));
+  const int leader = etcd.leader();
+  REQUIRE(leader >= 0);
+  etcd.kill(leader);
+  // Longer than the liveness bound (2 s) and an election: nothing moves.
+  std::this_thread::sleep_for(6s);
+  for (const char* n : {"a", "b", "c"}) CHECK(lines_of(job.seen(n)).size() == 1);
+  job.stop();
+  int rca = a->exit_code(30s), rcb = b->exit_code(30s), rcc = c->exit_code(30s);
+  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s) + "\n----\n" + c->read_all(1s);
+  INFO(out);
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  CHECK(rcc == 0);
+  CHECK_FALSE(contains(out, "gives way"));
+}
+
+TEST_CASE(
+    "issue 14: a plain node of a three-node etcd job SIGKILLed: the other two re-form at once "
+    "and finish",
+    "[multiproc]") {
+  EtcdCluster etcd(3);
+  EtcdJob job(etcd);
+  job.nnodes = "2:3";
+  std::map<std::string, std::unique_ptr<Process>> agents;
+  for (const char* n : {"a", "b", "c"}) agents[n] = job.agent(n);
+  // All three in one round (a round of two admits the third, re-forming).
+  auto last = [&](const std::string& n) {
+    auto lines = lines_of(job.seen(n));
+    return lines.empty() ? std::string() : lines.back();
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  auto all_three = [&] {
+    for (const char* n : {"a", "b", "c"}) {
+      if (last(n).rfind("3 0 ", 0) != 0) return false;
+    }
+    return true;
+  };
+  while (!all_three() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE(all_three());
+  // A node that does not host the workers' store (group rank 0 does).
+  std::string victim;
+  for (const char* n : {"a", "b", "c"}) {
+    if (last(n) != "3 0 0") victim = n;
+  }
+  REQUIRE_FALSE(victim.empty());
+  std::map<std::string, size_t> before;
+  for (const char* n : {"a", "b", "c"}) before[n] = lines_of(job.seen(n)).size();
+  agents[victim]->signal_group(SIGKILL);
+  std::string out;
+  for (const char* n : {"a", "b", "c"}) {
+    if (n == victim) continue;
+    REQUIRE(wait_for_lines(job.seen(n), before[n] + 1, 20s));
+    // World 2, no restart charged.
+    CHECK(last(n).rfind("2 0 ", 0) == 0);
+  }
+  job.stop();
+  for (const char* n : {"a", "b", "c"}) {
+    if (n == victim) continue;
+    const int rc = agents[n]->exit_code(30s);
+    out += agents[n]->read_all(1s) + "\n----\n";
+    CHECK(rc == 0);
+  }
+  INFO(out);
+  CHECK(contains(out, "lost node"));
+}
+
+TEST_CASE(
+    "issue 14: every member of a three-member etcd cluster stopped ends the agents with "
+    "exit 3 within read_timeout, naming the members",
     "[multiproc]") {
   EtcdCluster etcd(3);
   EtcdJob job(etcd);
@@ -130,58 +236,15 @@ TEST_CASE(
   auto b = job.agent("b");
   REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
   REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
-  const int leader = etcd.leader();
-  REQUIRE(leader >= 0);
-  etcd.kill(leader);
-  // Longer than the liveness bound (2 s) and an election: nothing moves.
-  std::this_thread::sleep_for(6s);
-  CHECK(lines_of(job.seen("a")).size() == 1);
-  CHECK(lines_of(job.seen("b")).size() == 1);
-  job.stop();
-  int rca = a->exit_code(30s), rcb = b->exit_code(30s);
+  for (int i = 0; i < etcd.size(); ++i) etcd.kill(i);
+  const auto t0 = std::chrono::steady_clock::now();
+  int rca = a->exit_code(60s), rcb = b->exit_code(60s);
+  const auto took = std::chrono::steady_clock::now() - t0;
   std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
   INFO(out);
-  CHECK(rca == 0);
-  CHECK(rcb == 0);
-  CHECK_FALSE(contains(out, "gives way"));
-}
-
-TEST_CASE("issue 14: a node of an etcd job SIGKILLed: the other re-forms and finishes",
-          "[multiproc]") {
-  EtcdCluster etcd(1);
-  EtcdJob job(etcd);
-  job.nnodes = "1:2";
-  auto a = job.agent("a");
-  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
-  auto b = job.agent("b");
-  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
-  REQUIRE(wait_for_lines(job.seen("a"), 2, 30s));
-  b->signal_group(SIGKILL);
-  REQUIRE(wait_for_lines(job.seen("a"), 3, 20s));
-  CHECK(lines_of(job.seen("a")).back() == "1 0");
-  job.stop();
-  int rca = a->exit_code(30s);
-  std::string out = a->read_all(1s);
-  INFO(out);
-  CHECK(rca == 0);
-  CHECK(contains(out, "lost node 1"));
-}
-
-TEST_CASE("issue 14: every etcd member stopped ends the agents with exit 3 within read_timeout",
-          "[multiproc]") {
-  EtcdCluster etcd(1);
-  EtcdJob job(etcd);
-  job.nnodes = "1:1";
-  auto a = job.agent("a");
-  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
-  etcd.kill(0);
-  const auto t0 = std::chrono::steady_clock::now();
-  int rca = a->exit_code(60s);
-  const auto took = std::chrono::steady_clock::now() - t0;
-  std::string out = a->read_all(1s);
-  INFO(out);
   CHECK(rca == 3);
-  CHECK(contains(out, "etcd " + etcd.client_endpoint(0)));
+  CHECK(rcb == 3);
+  for (int i = 0; i < etcd.size(); ++i) CHECK(contains(out, etcd.client_endpoint(i)));
   CHECK(took < 30s);  // read_timeout 5 s plus the workers' stop
 }
 
@@ -189,7 +252,7 @@ TEST_CASE(
     "issue 14: torch workers (gloo) on etcd: the node hosting the workers' store SIGKILLed, "
     "the other re-forms (its own workers' store) and finishes at --max_restarts=0",
     "[torch]") {
-  EtcdCluster etcd(1);
+  EtcdCluster etcd(3);
   const std::string worker = CTORCHRUN_SOURCE_DIR "/tests/torch/elastic_worker.py";
   auto agent = [&] {
     return start_ctorchrun({"--nnodes=1:2", "--rdzv_backend=etcd-v3",
