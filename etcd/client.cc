@@ -123,9 +123,12 @@ Exchange ClientCore::exchange(std::size_t member, const std::string& path, const
   }
 }
 
-json ClientCore::call(const std::string& path, const json& body, bool idempotent,
-                      bool streamed) const {
+json ClientCore::call(const std::string& path, const json& body, bool idempotent, bool streamed,
+                      std::chrono::milliseconds member_budget) const {
   const auto deadline = Clock::now() + read_timeout;
+  const auto budget = member_budget > std::chrono::milliseconds(0)
+                          ? std::min(member_budget, attempt_budget())
+                          : attempt_budget();
   const std::string text = body.dump();
   const std::size_t n = endpoints.size();
   std::vector<std::string> errors(n, "not tried");
@@ -141,8 +144,7 @@ json ClientCore::call(const std::string& path, const json& body, bool idempotent
     const auto now = Clock::now();
     if (now >= deadline) break;
     const std::size_t member = (first + attempt) % n;
-    Exchange ex =
-        exchange(member, path, text, streamed, std::min(deadline, now + attempt_budget()));
+    Exchange ex = exchange(member, path, text, streamed, std::min(deadline, now + budget));
     switch (ex.kind) {
       case Exchange::Kind::kOk:
         preferred.store(member);
@@ -350,9 +352,10 @@ Lease EtcdClient::lease_grant(std::chrono::seconds ttl) const {
   return lease;
 }
 
-std::int64_t EtcdClient::lease_keepalive(std::int64_t lease_id) const {
-  const json resp =
-      core_->call("/v3/lease/keepalive", {{"ID", std::to_string(lease_id)}}, true, true);
+std::int64_t EtcdClient::lease_keepalive(std::int64_t lease_id,
+                                         std::chrono::milliseconds member_budget) const {
+  const json resp = core_->call("/v3/lease/keepalive", {{"ID", std::to_string(lease_id)}}, true,
+                                true, member_budget);
   const std::string ctx = "etcd lease keepalive " + std::to_string(lease_id);
   const auto ttl = detail::int_field(resp, "TTL", ctx);
   const auto id = detail::int_field(resp, "ID", ctx);

@@ -127,8 +127,12 @@ class EtcdClient {
   // about 1.5 x election timeout, rounded up to whole seconds).
   Lease lease_grant(std::chrono::seconds ttl) const;
   // Refreshes a lease once; returns its TTL in seconds, or 0 when the lease
-  // has expired or was revoked (etcd answers without a TTL).
-  std::int64_t lease_keepalive(std::int64_t lease_id) const;
+  // has expired or was revoked (etcd answers without a TTL). `member_budget`
+  // (when positive) is the most one member gets before the next is tried,
+  // if below the usual share of the read timeout: a keeper refreshing every
+  // TTL/3 must not spend a whole TTL on one hung member.
+  std::int64_t lease_keepalive(std::int64_t lease_id, std::chrono::milliseconds member_budget =
+                                                          std::chrono::milliseconds(0)) const;
   // Revokes a lease, deleting its keys; false when it did not exist.
   bool lease_revoke(std::int64_t lease_id) const;
 

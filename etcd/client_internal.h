@@ -50,8 +50,11 @@ struct ClientCore {
                     bool streamed, Clock::time_point deadline) const;
 
   // POSTs to members in turn (see client.h) and returns the first answer.
+  // `member_budget` (when positive) caps the time one member gets, below
+  // attempt_budget(): for calls that must move on from a hung member sooner.
   nlohmann::json call(const std::string& path, const nlohmann::json& body, bool idempotent,
-                      bool streamed = false) const;
+                      bool streamed = false,
+                      std::chrono::milliseconds member_budget = std::chrono::milliseconds(0)) const;
 };
 
 }  // namespace ctorchrun::etcd::detail

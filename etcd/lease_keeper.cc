@@ -43,7 +43,9 @@ void LeaseKeeper::run() {
         if (cv_.wait_for(lock, interval_, [this] { return stop_; })) return;
       }
       try {
-        const std::int64_t granted = client_.lease_keepalive(lease_.id);
+        // One interval per member: a hung member (no answer, no reset) is
+        // left in time for another to refresh the lease within its TTL.
+        const std::int64_t granted = client_.lease_keepalive(lease_.id, interval_);
         if (granted <= 0) {
           reason = "lease " + std::to_string(lease_.id) + " expired or was revoked";
           break;

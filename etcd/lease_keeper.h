@@ -3,11 +3,13 @@
 // LeaseKeeper: keeps one etcd lease alive from a background thread.
 //
 // Every `interval` the thread refreshes the lease once (EtcdClient::
-// lease_keepalive). The lease is lost, and the thread stops, when etcd says
-// it has expired or was revoked, or when no refresh succeeded for a whole TTL
-// (by then etcd has expired it). lost() turns true and lost_reason() says why;
-// the owner then re-registers under a new lease. Failed refreshes inside the
-// TTL are retried at the next interval (logged as warnings).
+// lease_keepalive), giving each member at most `interval` to answer before
+// the next is tried, so that one hung member cannot hold a refresh past the
+// TTL (with interval = TTL/3, the usual choice). The lease is lost, and the thread stops, when etcd
+// says it has expired or was revoked, or when no refresh succeeded for a whole TTL (by then etcd
+// has expired it). lost() turns true and lost_reason() says why; the owner then re-registers under
+// a new lease. Failed refreshes inside the TTL are retried at the next interval (logged as
+// warnings).
 //
 // Lifetime: `client` must outlive the keeper. The destructor stops the thread
 // and joins it; it blocks for at most one refresh (the client's read_timeout).

@@ -170,12 +170,25 @@ void C10dHandler::open_etcd_store() {
   // Presence: keys on a lease that this agent keeps alive; they expire with
   // it (EtcdStore's held/lost markers answer the gone-marker checks).
   auto presence = std::make_shared<etcd::EtcdStore>(client, root);
+  lease_ttl_ = std::max(options_.presence_ttl, milliseconds(2'000));
   try {
-    presence->bind_keys_to_lease(std::max(options_.presence_ttl, milliseconds(2'000)));
+    presence->bind_keys_to_lease(lease_ttl_);
   } catch (const IoError& e) {
     throw Error("cannot reach the etcd cluster (" + list + "): " + e.what());
   }
+  etcd_presence_ = presence;
   presence_ = std::make_shared<store::PrefixStore>(job_prefix_, presence);
+}
+
+void C10dHandler::renew_lease() {
+  if (!etcd_presence_ || !etcd_presence_->lease_lost()) return;
+  get_logger("rdzv")->warn(
+      "rendezvous '{}': this node's lease is gone ({}); the others count this node lost. "
+      "Coming back under a new lease",
+      options_.run_id, etcd_presence_->lease_lost_reason());
+  // Keys of the old lease went with it; the presence key is written anew.
+  presence_key_.clear();
+  etcd_presence_->bind_keys_to_lease(lease_ttl_);
 }
 
 RendezvousInfo C10dHandler::next_rendezvous() {
@@ -213,6 +226,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
 RendezvousInfo C10dHandler::next_round(const MembershipChange& change, int attempt) {
   CTORCHRUN_CHECK(state_ && round_, "C10dHandler::next_round() before a round formed");
   try {
+    renew_lease();
     state_->rejoin(*round_, attempt, change.lost);
   } catch (const IoError& e) {
     throw Error("lost the rendezvous store at " + endpoint_ + " while round " +
@@ -244,6 +258,7 @@ RendezvousInfo C10dHandler::form() {
       C10dRoundWatch watch(*job_, settings, round, options_.last_call_timeout);
       auto change = watch.reform(
           {"node 0 was lost before it served the workers' store", {0}, "agent exited"});
+      renew_lease();
       state_->rejoin(round, round.attempt, change.lost);
     }
   }

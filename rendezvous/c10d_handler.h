@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "etcd/client.h"
+#include "etcd/etcd_store.h"
 #include "rendezvous/c10d_state.h"
 #include "rendezvous/handler.h"
 #include "store/tcp_store.h"
@@ -135,6 +136,14 @@ class C10dHandler : public Handler {
                                               std::chrono::milliseconds timeout)>
       open_background_;
   std::shared_ptr<etcd::EtcdClient> etcd_client_;  // etcd-v3 only
+  // etcd-v3: the store whose keys live on this agent's lease (presence_
+  // wraps it), and the lease's TTL.
+  std::shared_ptr<etcd::EtcdStore> etcd_presence_;
+  std::chrono::milliseconds lease_ttl_{0};
+  // etcd-v3: when the lease expired (this agent was silent for its TTL: a
+  // pause, a cut), the others have dropped this node; binds a new lease so
+  // that it can come back as a newcomer. No-op otherwise.
+  void renew_lease();
   std::shared_ptr<store::Store> job_;
   std::unique_ptr<C10dState> state_;
   std::optional<C10dRound> round_;

@@ -174,6 +174,67 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "issue 14: the etcd member every agent talks to hangs (SIGSTOP): no lease lost, no worker "
+    "restart, the job finishes",
+    "[multiproc]") {
+  EtcdCluster etcd(3);
+  EtcdJob job(etcd);
+  job.nnodes = "2:2";
+  auto a = job.agent("a");
+  auto b = job.agent("b");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  // Every client starts with the first endpoint: it stops answering, with
+  // its connections open (no reset, no EOF), as a hung machine would.
+  REQUIRE(::kill(etcd.pid(0), SIGSTOP) == 0);
+  // Several lease TTLs (2 s) and liveness bounds: nothing may move.
+  std::this_thread::sleep_for(8s);
+  ::kill(etcd.pid(0), SIGCONT);
+  CHECK(lines_of(job.seen("a")).size() == 1);
+  CHECK(lines_of(job.seen("b")).size() == 1);
+  job.stop();
+  int rca = a->exit_code(30s), rcb = b->exit_code(30s);
+  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
+  INFO(out);
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  CHECK_FALSE(contains(out, "gives way"));
+  CHECK_FALSE(contains(out, "lost node"));
+}
+
+TEST_CASE(
+    "issue 14: an agent paused past its lease's TTL (SIGSTOP) is dropped, then comes back under "
+    "a new lease and is admitted again",
+    "[multiproc]") {
+  EtcdCluster etcd(1);
+  EtcdJob job(etcd);
+  job.nnodes = "1:2";
+  auto a = job.agent("a");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  auto b = job.agent("b");
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("a"), 2, 30s));
+  // Only the agent stops (its worker runs on): its lease (2 s) expires.
+  REQUIRE(::kill(b->pid(), SIGSTOP) == 0);
+  const bool dropped = wait_for_lines(job.seen("a"), 3, 20s);
+  ::kill(b->pid(), SIGCONT);
+  REQUIRE(dropped);
+  CHECK(lines_of(job.seen("a")).back() == "1 0 0");
+  // Back under a new lease, as a newcomer admitted at the next re-formation.
+  const bool back = wait_for_lines(job.seen("a"), 4, 30s) && wait_for_lines(job.seen("b"), 2, 30s);
+  job.stop();
+  int rca = a->exit_code(30s), rcb = b->exit_code(30s);
+  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
+  INFO(out);
+  REQUIRE(back);
+  CHECK(lines_of(job.seen("a")).back() == "2 0 0");
+  CHECK(lines_of(job.seen("b")).back() == "2 0 1");
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  CHECK(contains(out, "new lease"));
+}
+
+TEST_CASE(
     "issue 14: a plain node of a three-node etcd job SIGKILLed: the other two re-form at once "
     "and finish",
     "[multiproc]") {
