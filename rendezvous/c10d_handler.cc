@@ -16,6 +16,7 @@
 #include "etcd/etcd_store.h"
 #include "rendezvous/c10d_state.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/host_probe.h"
 #include "rendezvous/static_handler.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
@@ -472,17 +473,29 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     std::mutex mutex;
     std::shared_ptr<store::Store> job;
     std::unique_ptr<C10dRoundWatch> watch;
+    std::shared_ptr<HostProbe> rank0;
   };
   auto watcher = std::make_shared<Watcher>();
   C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
                         options_.entrypoint};
+  // etcd: a lost agent's presence goes when its lease expires, seconds
+  // later; rank 0's death shows at once as its workers' store closing.
+  const bool probe_rank0 = etcd_client_ != nullptr && round.group_rank != 0;
   auto call = [watcher, open = open_background_, prefix = job_prefix_, settings, round,
-               lct = options_.last_call_timeout](auto&& fn) {
+               lct = options_.last_call_timeout, probe_rank0, workers_addr,
+               workers_port](auto&& fn) {
     std::lock_guard<std::mutex> lock(watcher->mutex);
     try {
       if (!watcher->watch) {
         watcher->job = open(prefix, milliseconds(3'000));
         watcher->watch = std::make_unique<C10dRoundWatch>(*watcher->job, settings, round, lct);
+        if (probe_rank0) {
+          if (!watcher->rank0) {
+            watcher->rank0 = std::make_shared<HostProbe>(
+                workers_addr, static_cast<std::uint16_t>(workers_port), milliseconds(1'000));
+          }
+          watcher->watch->set_rank0_probe([probe = watcher->rank0] { return probe->gone(); });
+        }
       }
       return fn(*watcher->watch);
     } catch (const Error& e) {

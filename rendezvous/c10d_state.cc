@@ -333,7 +333,7 @@ void C10dState::check_closed(bool while_waiting) {
   auto outcome = j.find("outcome");
   const std::string o = outcome != j.end() && outcome->is_string() ? outcome->get<std::string>()
                                                                    : std::string("ended");
-  if (while_waiting) job_.add("g" + std::to_string(generation_) + "/rdzv/closed_seen", 1);
+  if (while_waiting) job_.tally_add("g" + std::to_string(generation_) + "/rdzv/closed_seen", "");
   throw JobClosedError("the job ended (" + o + ") while this node waited for a round", o,
                        while_waiting, was_member_);
 }
@@ -423,7 +423,8 @@ int C10dState::close(const std::string& outcome) {
 }
 
 int C10dState::closed_seen() {
-  return static_cast<int>(job_.add("g" + std::to_string(generation_) + "/rdzv/closed_seen", 0));
+  return static_cast<int>(
+      job_.tally_count("g" + std::to_string(generation_) + "/rdzv/closed_seen"));
 }
 
 bool C10dState::mark_finishing(int attempt) {
@@ -529,6 +530,14 @@ std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
       for (int g : change.lost) list += (list.empty() ? "" : ", ") + std::to_string(g);
       change.reason = "lost node" + std::string(change.lost.size() == 1 ? " " : "s ") + list +
                       " (agent exited)";
+      return reform(change);
+    }
+    if (me_ != 0 && rank0_closed_ && rank0_closed_() &&
+        job_.check({present_key(generation_, round_, 0)})) {
+      MembershipChange change;
+      change.lost = {0};
+      change.cause = "agent exited";
+      change.reason = "lost node 0 (agent exited: the workers' store it hosted closed)";
       return reform(change);
     }
   }

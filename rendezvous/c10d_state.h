@@ -49,7 +49,7 @@
 //                        within `closed_window` of closed_at_ms is refused
 //                        (JobClosedError); after that it moves the id to
 //                        generation G+1, a fresh job.
-//   g<G>/rdzv/closed_seen  ADD by each waiting node that saw `closed`
+//   g<G>/rdzv/closed_seen  tally: each waiting node that saw `closed`
 //
 // ## Transitions of round R
 //   open:      R = 0, or rdzv/<R-1>/reform is set.
@@ -270,6 +270,14 @@ class C10dRoundWatch {
   // winner).
   MembershipChange reform(const MembershipChange& change);
 
+  // Evidence that group rank 0's agent died faster than its presence can
+  // show it (etcd: a lease expires seconds later): `closed` returns true once
+  // the workers' store that rank 0 hosts closed its connections (HostProbe).
+  // check() then counts node 0 lost if its presence is still there: an agent
+  // that leaves on purpose withdraws its presence before its store closes,
+  // and a re-formation publishes the reform first. Members but rank 0 only.
+  void set_rank0_probe(std::function<bool()> closed) { rank0_closed_ = std::move(closed); }
+
   // "g<G>/rdzv/<R>/present/<g>": member g's presence, a key bound to its
   // agent's connection (store/protocol.h's BIND_KEYS), so that its gone
   // marker appears when the agent dies. Withdrawn (deleted) on purpose when
@@ -291,6 +299,7 @@ class C10dRoundWatch {
   std::chrono::milliseconds last_call_timeout_;
   std::function<Clock::time_point()> now_;
   Clock::time_point formed_at_;
+  std::function<bool()> rank0_closed_;
 };
 
 }  // namespace ctorchrun::rendezvous

@@ -235,6 +235,48 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "issue 14: the agent hosting the workers' store SIGKILLed: the other sees its store close and "
+    "re-forms without waiting for the lease",
+    "[multiproc]") {
+  EtcdCluster etcd(1);
+  EtcdJob job(etcd);
+  job.nnodes = "1:2";
+  // A long lease (10 s): a re-formation within it did not come from its expiry.
+  job.conf =
+      "join_timeout=30,last_call_timeout=1,keep_alive_interval=5,keep_alive_max_attempt=2,"
+      "read_timeout=5";
+  auto a = job.agent("a");
+  auto b = job.agent("b");
+  auto last = [&](const std::string& n) {
+    auto lines = lines_of(job.seen(n));
+    return lines.empty() ? std::string() : lines.back();
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while ((last("a").rfind("2 0 ", 0) != 0 || last("b").rfind("2 0 ", 0) != 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE(last("a").rfind("2 0 ", 0) == 0);
+  REQUIRE(last("b").rfind("2 0 ", 0) == 0);
+  const bool a_hosts = last("a") == "2 0 0";
+  Process& host = a_hosts ? *a : *b;
+  Process& survivor = a_hosts ? *b : *a;
+  const std::string survivor_name = a_hosts ? "b" : "a";
+  const size_t before = lines_of(job.seen(survivor_name)).size();
+  host.signal_group(SIGKILL);
+  const bool again = wait_for_lines(job.seen(survivor_name), before + 1, 30s);
+  job.stop();
+  const int rc = survivor.exit_code(30s);
+  const std::string out = survivor.read_all(1s);
+  INFO(out);
+  REQUIRE(again);
+  CHECK(last(survivor_name) == "1 0 0");
+  CHECK(rc == 0);
+  // Not the lease's expiry (10 s), which would say "lost node 0 (agent exited)".
+  CHECK(contains(out, "lost node 0 (agent exited: the workers' store it hosted closed)"));
+}
+
+TEST_CASE(
     "issue 14: a plain node of a three-node etcd job SIGKILLed: the other two re-form at once "
     "and finish",
     "[multiproc]") {

@@ -612,3 +612,47 @@ TEST_CASE(
   CHECK(change->lost == std::vector<int>{1});
   CHECK(change->cause == "agent exited");
 }
+
+TEST_CASE(
+    "C10dRoundWatch: rank 0's workers' store closing counts node 0 lost while its presence "
+    "stands, and not once it was withdrawn",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 3), "a", 3600s);
+  Node b(hs, clock, settings(1, 3), "b", 3600s);
+  Node c(hs, clock, settings(1, 3), "c", 3600s);
+  a.state.join();
+  b.state.join();
+  c.state.join();
+  auto ra = a.state.poll();
+  REQUIRE(ra);
+  auto rb = b.state.poll();
+  REQUIRE(rb);
+  REQUIRE(rb->group_rank == 1);
+  const std::string present0 = C10dRoundWatch::present_key(ra->generation, ra->round, 0);
+  hs.set(present0, "pid");
+  bool closed = false;
+  C10dRoundWatch w(hs, settings(1, 3), *rb, 3600s, clock.fn());
+  w.set_rank0_probe([&] { return closed; });
+  CHECK_FALSE(w.check(0).has_value());
+
+  SECTION("its presence withdrawn first (it left on purpose): nothing") {
+    hs.delete_key(present0);
+    closed = true;
+    CHECK_FALSE(w.check(0).has_value());
+  }
+  SECTION("its presence still there: node 0 is lost") {
+    closed = true;
+    auto change = w.check(0);
+    REQUIRE(change);
+    CHECK(change->lost == std::vector<int>{0});
+    CHECK(change->cause == "agent exited");
+    CHECK_THAT(change->reason, Catch::Contains("workers' store"));
+  }
+  SECTION("rank 0's own watch never looks") {
+    C10dRoundWatch w0(hs, settings(1, 3), *ra, 3600s, clock.fn());
+    w0.set_rank0_probe([] { return true; });
+    CHECK_FALSE(w0.check(0).has_value());
+  }
+}
