@@ -38,7 +38,10 @@
 #       its endpoint list so that the loss hits the member it talks to): the
 #       time from the kill to the end of its first successful write started
 #       after the kill, and the writes that failed;
-#    b) under a ctorchrun job on etcd-v3 (two agents, --nnodes=2:2, the same
+#    b) the peer of a): etcdctl put (etcd's Go client, one process per
+#       attempt), the same members in the same order, --command-timeout=2s,
+#       attempt after attempt from the kill: the time to its first success;
+#    c) under a ctorchrun job on etcd-v3 (two agents, --nnodes=2:2, the same
 #       flags, torch workers stepping): watched for 8 s after the kill (longer
 #       than an election and the 3 s liveness bound): workers started anew,
 #       restarts charged (TORCHELASTIC_RESTART_COUNT), the longest gap between
@@ -394,6 +397,42 @@ def leader_loss_client(run):
         cluster.stop()
 
 
+def leader_loss_etcdctl(run):
+    """The peer of leader_loss_client: etcd's own Go client (etcdctl 3.4, one
+    process per attempt), the same members in the same order (the leader
+    first), --command-timeout=2s, put after put from the kill on."""
+    work = os.path.join(top, f"leader-etcdctl-{run}")
+    os.makedirs(work)
+    res = {"bench": "leader-loss, etcdctl", "run": run, "status": None}
+    cluster = new_cluster(work)
+    try:
+        leader = cluster.leader()
+        if leader is None:
+            res["status"] = "failed: no leader found"
+            return res
+        res["leader"] = f"m{leader}"
+        eps = ",".join([cluster.endpoints[leader]] + [e for i, e in enumerate(cluster.endpoints)
+                                                      if i != leader])
+        for _ in range(5):  # the same warm cluster as our client sees
+            cluster.ctl(eps, "put", "/ctorchrun-failover-bench/w", "warm", timeout="2s")
+        t0 = time.time()
+        cluster.kill(leader)
+        failed, end = 0, time.monotonic() + args.deadline
+        for _ in range(1000):
+            if cluster.ctl(eps, "put", "/ctorchrun-failover-bench/w", "after",
+                           timeout="2s") is not None:
+                res.update(status="ok", first_ok_after_kill_s=round(time.time() - t0, 4),
+                           failed_after_kill=failed)
+                return res
+            failed += 1
+            if time.monotonic() > end:
+                break
+        res.update(status="timeout", failed_after_kill=failed)
+        return res
+    finally:
+        cluster.stop()
+
+
 def leader_loss_job(run):
     work = os.path.join(top, f"leader-job-{run}")
     os.makedirs(os.path.join(work, "tmp"))
@@ -471,7 +510,7 @@ try:
         cluster.stop()
     if args.only != "host-loss":
         for run in range(1, args.runs + 1):
-            for fn in (leader_loss_client, leader_loss_job):
+            for fn in (leader_loss_client, leader_loss_etcdctl, leader_loss_job):
                 r = fn(run)
                 results.append(r)
                 print(json.dumps(r), flush=True)
@@ -503,12 +542,11 @@ if host:
     each = ", ".join(f"{r['world_stepping_s']:.3f}" if r["status"] == "ok"
                      else r["status"].split(":")[0] for r in c)
     counts = "; ".join(", ".join(o["restart_count"] for o in r["survivors"].values()) for r in ok)
-    # The survivor that stepped last, per run: its agent's view of the loss.
-    last = [max(r["survivors"].values(), key=lambda o: o["step_s"]) for r in ok]
-    gw = [o["gives_way_s"] for o in last if o.get("gives_way_s") is not None]
-    ws = [o["worker_started_s"] for o in last]
-    ss = [o["step_s"] - o["worker_started_s"] for o in last]
-    detail = (f"ctorchrun, per run (the survivor that stepped last): loss -> round gives way "
+    # Per run, the later of the two survivors at each stage.
+    gw = [max(o.get("gives_way_s") or 0 for o in r["survivors"].values()) for r in ok]
+    ws = [max(o["worker_started_s"] for o in r["survivors"].values()) for r in ok]
+    ss = [r["world_stepping_s"] - w for r, w in zip(ok, ws)]
+    detail = (f"ctorchrun, per run (the later survivor at each stage): loss -> round gives way "
           f"{median(gw)} ({', '.join(f'{x:.3f}' for x in gw)}); loss -> new worker started "
           f"{median(ws)} ({', '.join(f'{x:.3f}' for x in ws)}); worker start -> step "
           f"{median(ss)} ({', '.join(f'{x:.2f}' for x in ss)})")
@@ -533,6 +571,13 @@ if lc:
           "each run: " + ", ".join(f"{r['first_ok_after_kill_s']:.3f} s ({r['failed_after_kill']} failed, "
                                    f"max latency {r['max_latency_after_kill_ms']:.0f} ms)"
                                    if r["status"] == "ok" else r["status"] for r in lc))
+le = [r for r in results if r["bench"] == "leader-loss, etcdctl"]
+if le:
+    ok = [r for r in le if r["status"] == "ok"]
+    print(f"peer, etcdctl put (same members, leader first, 2 s timeout): median "
+          f"{median([r['first_ok_after_kill_s'] for r in ok])}; each run: " +
+          ", ".join(f"{r['first_ok_after_kill_s']:.3f} s ({r['failed_after_kill']} failed)"
+                    if r["status"] == "ok" else r["status"] for r in le))
 lj = [r for r in results if r["bench"] == "leader-loss, ctorchrun job"]
 if lj:
     print("\n## etcd leader SIGKILLed under a ctorchrun job (2 nodes, torch workers)")
