@@ -5,7 +5,8 @@
 #
 #   bench/etcd_loss_bench.sh [--runs N] [--only host-loss|leader-loss]
 #                            [--ctorchrun PATH] [--torchrun PATH] [--failover-bench PATH]
-#                            [--conf RDZV_CONF] [--deadline S] [--startup-deadline S]
+#                            [--conf RDZV_CONF] [--client-read-timeout-ms MS]
+#                            [--deadline S] [--startup-deadline S]
 #                            [--keep-logs DIR]
 #
 # 1. host-loss: the node hosting the workers' store is lost. Three agents
@@ -34,10 +35,11 @@
 # 2. leader-loss: the etcd leader (found with etcdctl endpoint status, as
 #    bench/etcd_bench.sh does) is SIGKILLed
 #    a) under build/bin/ctorch-etcd-failover-bench (bench/etcd_failover_bench.cc:
-#       one EtcdStore set() every 20 ms, read timeout 2 s, the leader first in
-#       its endpoint list so that the loss hits the member it talks to): the
-#       time from the kill to the end of its first successful write started
-#       after the kill, and the writes that failed;
+#       one EtcdStore set() every 20 ms, read timeout 2 s by default
+#       (--client-read-timeout-ms), the leader first in its endpoint list so
+#       that the loss hits the member it talks to): the time from the kill to
+#       the end of its first successful write started after the kill, and the
+#       writes that failed;
 #    b) the peer of a): etcdctl put (etcd's Go client, one process per
 #       attempt), the same members in the same order, --command-timeout=2s,
 #       attempt after attempt from the kill: the time to its first success;
@@ -83,6 +85,8 @@ ap.add_argument("--torchrun", default="/usr/bin/torchrun")
 ap.add_argument("--failover-bench", default="build/bin/ctorch-etcd-failover-bench")
 ap.add_argument("--conf", default="keep_alive_interval=1,read_timeout=5,last_call_timeout=1",
                 help="--rdzv_conf of every agent")
+ap.add_argument("--client-read-timeout-ms", type=int, default=2000,
+                help="read timeout of ctorch-etcd-failover-bench's client (leader-loss a)")
 ap.add_argument("--deadline", type=float, default=60.0, help="seconds from the loss")
 ap.add_argument("--startup-deadline", type=float, default=120.0,
                 help="seconds for every worker to step 3 times at full world")
@@ -358,7 +362,7 @@ def leader_loss_client(run):
         with open(out_path, "wb") as out:
             proc = subprocess.Popen([args.failover_bench, "--endpoints", ",".join(eps),
                                      "--kill-file", kill_file, "--interval-ms", "20",
-                                     "--read-timeout-ms", "2000", "--after-writes", "25",
+                                     "--read-timeout-ms", str(args.client_read_timeout_ms), "--after-writes", "25",
                                      "--max-seconds", str(int(args.deadline) + 15)],
                                     stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -566,7 +570,8 @@ if host:
 lc = [r for r in results if r["bench"] == "leader-loss, our client"]
 if lc:
     ok = [r for r in lc if r["status"] == "ok"]
-    print("\n## etcd leader SIGKILLed: our client writing every 20 ms (read timeout 2 s)")
+    print(f"\n## etcd leader SIGKILLed: our client writing every 20 ms (read timeout "
+          f"{args.client_read_timeout_ms} ms)")
     print(f"kill -> first successful write, median {median([r['first_ok_after_kill_s'] for r in ok])}; "
           "each run: " + ", ".join(f"{r['first_ok_after_kill_s']:.3f} s ({r['failed_after_kill']} failed, "
                                    f"max latency {r['max_latency_after_kill_ms']:.0f} ms)"
