@@ -6,6 +6,9 @@
 #     first successful write through a surviving member (etcdctl put, 100 ms
 #     per attempt), three times.
 #   bench/etcd_bench.sh [--agents 64,256] [--runs 3]
+# The losses measured with our own client and with torch jobs (the node
+# hosting the workers' store; the leader under EtcdStore writes and under a
+# job) are in bench/etcd_loss_bench.sh.
 # Needs /usr/bin/etcd and /usr/bin/etcdctl (Debian's etcd-server,
 # etcd-client) and a built build/bin/ctorch-rdzv-bench.
 set -euo pipefail
