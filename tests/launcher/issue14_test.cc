@@ -277,6 +277,42 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "issue 14: the whole etcd cluster stalls (SIGSTOP) past the leases' TTL but within "
+    "read_timeout: the job goes on and finishes, no restart charged",
+    "[multiproc]") {
+  EtcdCluster etcd(3);
+  EtcdJob job(etcd);
+  job.nnodes = "2:2";
+  auto a = job.agent("a");
+  auto b = job.agent("b");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  for (int i = 0; i < etcd.size(); ++i) REQUIRE(::kill(etcd.pid(i), SIGSTOP) == 0);
+  // 3 s: past the leases' TTL (2 s), short of read_timeout (5 s).
+  std::this_thread::sleep_for(3s);
+  for (int i = 0; i < etcd.size(); ++i) ::kill(etcd.pid(i), SIGCONT);
+  // Whatever etcd did with the leases, the job runs again at world 2.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  auto last = [&](const std::string& n) {
+    auto lines = lines_of(job.seen(n));
+    return lines.empty() ? std::string() : lines.back();
+  };
+  std::this_thread::sleep_for(4s);
+  while ((last("a").rfind("2 0 ", 0) != 0 || last("b").rfind("2 0 ", 0) != 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  job.stop();
+  int rca = a->exit_code(30s), rcb = b->exit_code(30s);
+  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
+  INFO(out);
+  CHECK(last("a").rfind("2 0 ", 0) == 0);
+  CHECK(last("b").rfind("2 0 ", 0) == 0);
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+}
+
+TEST_CASE(
     "issue 14: a plain node of a three-node etcd job SIGKILLed: the other two re-form at once "
     "and finish",
     "[multiproc]") {
