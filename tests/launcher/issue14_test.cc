@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -389,10 +390,13 @@ TEST_CASE(
 
 TEST_CASE(
     "issue 14: torch workers (gloo) on etcd: the node hosting the workers' store SIGKILLed, "
-    "the other re-forms (its own workers' store) and finishes at --max_restarts=0",
+    "the other re-forms (its own workers' store) and finishes from the checkpoint at "
+    "--max_restarts=0",
     "[torch]") {
   EtcdCluster etcd(3);
-  const std::string worker = CTORCHRUN_SOURCE_DIR "/tests/torch/elastic_worker.py";
+  TempDir d;
+  const std::string worker = CTORCHRUN_SOURCE_DIR "/tests/torch/checkpoint_worker.py";
+  const std::string ckpt = d.file("ckpt.json");
   auto agent = [&] {
     return start_ctorchrun({"--nnodes=1:2", "--rdzv_backend=etcd-v3",
                             "--rdzv_endpoint=" + join(etcd.client_endpoints()),
@@ -400,25 +404,45 @@ TEST_CASE(
                             "--rdzv_conf=join_timeout=120,last_call_timeout=2,"
                             "keep_alive_interval=1,keep_alive_max_attempt=2,read_timeout=5",
                             worker},
-                           {{"ELASTIC_TARGET_WORLD", "1"}});
+                           {{"CKPT", ckpt}, {"TOTAL_STEPS", "80"}});
   };
   auto a = agent();
   auto b = agent();
-  // Both in round 0 (MAX): rank 0, whose agent hosts the workers' store, dies.
+  // Both in round 0 (MAX), training; then rank 0, whose agent hosts the
+  // workers' store, dies.
   std::string first;
   const auto deadline = std::chrono::steady_clock::now() + 120s;
-  while (!contains(first, "JOINED") && std::chrono::steady_clock::now() < deadline) {
+  while (!contains(first, "RESUMED from=0 world=2") &&
+         std::chrono::steady_clock::now() < deadline) {
     if (auto line = a->read_line(1s)) first += *line + "\n";
   }
-  REQUIRE(contains(first, "JOINED"));
+  REQUIRE(contains(first, "RESUMED from=0 world=2"));
+  auto step = [&] {
+    auto j = nlohmann::json::parse(read_file(ckpt), nullptr, false);
+    return j.is_object() && j.contains("step") && j["step"].is_number_integer()
+               ? j["step"].get<int>()
+               : 0;
+  };
+  while (step() < 5 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(step() >= 5);
   const bool a_is_rank0 = contains(first, "group_rank=0 ");
   Process& host = a_is_rank0 ? *a : *b;
   Process& survivor = a_is_rank0 ? *b : *a;
   host.signal_group(SIGKILL);
+  const int at_loss = step();
   int rc = survivor.exit_code(120s);
   std::string out = survivor.read_all(1s);
   INFO(first + "\n----\n" + out);
   CHECK(rc == 0);
-  CHECK(contains(out, "GROWN rank=0 world=1 sum=1 restart=0"));
   CHECK(contains(out, "lost node 0"));
+  // Resumed from the checkpoint, not from the start, without a restart.
+  auto at = out.find("RESUMED from=", out.find("lost node 0"));
+  REQUIRE(at != std::string::npos);
+  const int resumed = std::stoi(out.substr(at + 13));
+  CHECK(resumed >= at_loss - 1);
+  CHECK(resumed >= 5);
+  CHECK(contains(out.substr(at), "world=1 rank=0 restart=0"));
+  CHECK(contains(out, "FINISHED steps=80 world=1 rank=0"));
 }
