@@ -46,7 +46,8 @@
 # --redirects/--tee workaround; ctorchrun accepts the same flags). ctorchrun:
 # --ctorchrun PATH, else build/bin/ctorchrun, else build/cli/ctorchrun
 # (build: scripts/build.sh, or ninja -C build ctorchrun). Workers run on
-# /usr/bin/python3 (CTORCHRUN_PYTHON).
+# /usr/bin/python3 (CTORCHRUN_PYTHON). The process handling (sessions, tags,
+# kills, leftover checks) is bench/benchproc.py's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec /usr/bin/python3 - "$@" <<'PY'
