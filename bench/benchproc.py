@@ -1,11 +1,35 @@
-"""Process handling for the loss benchmarks (bench/etcd_loss_bench.sh): launcher
-agents in their own sessions whose logs are read for the workers' START/STEP
-lines (bench/c10d_join_worker.py), a node's loss by SIGKILL of its agent's
-group and of everything it started, a bounded stop of everything, and a
-3-member etcd cluster on loopback. Every process the harness starts carries
-its tag in the environment (TAG_VAR), so that whatever is left can be found
-in /proc. The same approach as bench/c10d_loss_bench.sh, which keeps its own
-copy."""
+"""Process handling shared by the launcher benchmarks (bench/c10d_join_bench.sh,
+bench/c10d_loss_bench.sh, bench/etcd_loss_bench.sh), which run inline Python
+and import this module with
+    sys.path.insert(0, os.path.join(os.getcwd(), "bench")); import benchproc as bp
+after cd to the repository root.
+
+Every process a harness starts carries its tag in the environment, so that
+whatever is left can be found in /proc, and node n's processes carry
+NODE_VAR=n as well (a node's loss kills what carries its mark: workers may sit
+in other process groups than their agent's).
+
+  Tag(value, var=TAG_VAR, node_var=NODE_VAR)  a harness's mark; .env(node)
+      gives the environment entries. Wherever a tag is taken, a plain string
+      s stands for Tag(s).
+  Agent(name, cmd, env, log_path, notes=NOTE)  a launcher agent in its own
+      session (setsid), its output in a log file; poll() reads the workers'
+      START/STEP lines (bench/c10d_join_worker.py) and the lines matching
+      notes into .events.
+  kill_node(tag, agent, node)  SIGKILL of a node: its agent's group and, by
+      pid, everything it started; returns T0 and what survived 2 s.
+  stop_all(tag, agents, stop_file)  stop file, SIGTERM, SIGKILL after 15 s;
+      returns the pids left.
+  kill_leftovers(tag)  SIGKILL to whatever of the harness is still alive
+      (pgrep -f rdzv_id=<tag>, and the tag in /proc/*/environ); returns the
+      pids.
+  exit_on_signals()  SIGTERM/SIGHUP/SIGINT raise SystemExit once, so that
+      the harness's finally blocks clean up.
+  free_port(), accepts(port)  loopback ports.
+  proc_stat, descendants, alive, comm, environ, tagged_pids, restart_count,
+  load  /proc reads.
+  EtcdCluster(work, n, tag)  n etcd members on 127.0.0.1 (leader, kill, stop).
+"""
 import os
 import random
 import re
@@ -21,9 +45,43 @@ ETCDCTL = "/usr/bin/etcdctl"
 
 STEP = re.compile(r"STEP t=([0-9.]+) world=(\d+) rank=(\d+)")
 START = re.compile(r"START t=([0-9.]+) world=(\S+) rank=(\S+) pid=(\d+)")
-# Launcher log lines about restarts and lost nodes, kept when they follow T0.
+# Launcher log lines about restarts and lost nodes (Agent's default notes).
 NOTE = re.compile(r"restart|attempts left|gives way|lost|FAILED|Detected|heartbeat|dead|"
                   r"error|exit|rendezvous complete", re.IGNORECASE)
+
+
+class Tag:
+    """A harness's mark: var=value in the environment of everything it
+    starts, and node_var=n in that of node n's processes."""
+
+    def __init__(self, value, var=TAG_VAR, node_var=NODE_VAR):
+        self.value, self.var, self.node_var = value, var, node_var
+
+    def __str__(self):
+        return self.value
+
+    def env(self, node=None):
+        """The environment entries that mark a process (of node, if given)."""
+        marks = {self.var: self.value}
+        if node is not None:
+            marks[self.node_var] = str(node)
+        return marks
+
+
+def as_tag(tag):
+    return tag if isinstance(tag, Tag) else Tag(tag)
+
+
+def exit_on_signals():
+    """SIGTERM, SIGHUP and SIGINT raise SystemExit, once: the harness's
+    finally blocks then stop what it started, undisturbed by more signals."""
+    def on_signal(signum, _frame):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # let the cleanup finish
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(f"stopped by signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, on_signal)
 
 
 def free_port():
@@ -111,15 +169,16 @@ def environ(pid):
 def tagged_pids(tag, node=None):
     """{pid: starttime} of live processes whose environment carries the tag
     (and, with node, that node's mark)."""
+    tag = as_tag(tag)
     pids = {}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
         env = environ(int(name))
         st = proc_stat(int(name))
-        if not env or not st or st[1] == "Z" or env.get(TAG_VAR) != tag:
+        if not env or not st or st[1] == "Z" or env.get(tag.var) != tag.value:
             continue
-        if node is None or env.get(NODE_VAR) == str(node):
+        if node is None or env.get(tag.node_var) == str(node):
             pids[int(name)] = st[2]
     return pids
 
@@ -130,10 +189,11 @@ def restart_count(pid):
 
 
 class Agent:
-    """One launcher agent in its own session, its output in a log file."""
+    """One launcher agent in its own session, its output in a log file; the
+    log lines matching notes are kept as ("note", line) events."""
 
-    def __init__(self, name, cmd, env, log_path):
-        self.name, self.log_path = name, log_path
+    def __init__(self, name, cmd, env, log_path, notes=NOTE):
+        self.name, self.log_path, self.notes = name, log_path, notes
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -164,11 +224,20 @@ class Agent:
             if m:
                 self.events.append(("start", float(m[1]), m[2], m[3], int(m[4])))
                 continue
-            if NOTE.search(line):
+            if self.notes.search(line):
                 self.events.append(("note", line.strip()[:300]))
 
     def steps(self, world):
         return sum(1 for e in self.events if e[0] == "step" and e[2] == world)
+
+    def first_step(self, world):
+        """t of the first STEP line at world, or None."""
+        return min((e[1] for e in self.events if e[0] == "step" and e[2] == world), default=None)
+
+    def first_start(self, world):
+        """t of the first START line at world, or None."""
+        return min((e[1] for e in self.events if e[0] == "start" and e[2] == str(world)),
+                   default=None)
 
     def last_start(self):
         return next((e for e in reversed(self.events) if e[0] == "start"), None)
@@ -238,13 +307,16 @@ def wait_gone(live, tree, grace):
 
 
 def stop_all(tag, agents, stop_file):
-    """Stop file, then SIGTERM to each agent's group and every descendant by
-    pid; SIGKILL whatever is left after 15 s. Returns the pids still alive."""
+    """Stop file, then SIGTERM to each agent's group and, by pid, to every
+    descendant and every process carrying a node's mark (not the other tagged
+    ones, such as etcd members: their owner stops them); SIGKILL whatever is
+    left after 15 s. agents may hold None. Returns the pids still alive."""
+    tag = as_tag(tag)
     open(stop_file, "w").close()
     live = [a for a in agents if a is not None]
     tree = descendants([a.proc.pid for a in live])
     tree.update({p: s for p, s in tagged_pids(tag).items()
-                 if (environ(p) or {}).get(NODE_VAR) is not None})
+                 if (environ(p) or {}).get(tag.node_var) is not None})
     for a in live:
         try:
             os.killpg(a.proc.pid, signal.SIGTERM)
@@ -278,6 +350,23 @@ def stop_all(tag, agents, stop_file):
     return left
 
 
+def kill_leftovers(tag):
+    """SIGKILL to whatever of the harness is still alive: processes whose
+    command line holds rdzv_id=<tag> (pgrep -f; agents carry the tag in their
+    --rdzv_id) and processes whose environment carries the tag. Returns their
+    pids, sorted (none expected)."""
+    tag = as_tag(tag)
+    pg = subprocess.run(["pgrep", "-f", f"rdzv_id={tag.value}"], capture_output=True,
+                        text=True).stdout.split()
+    orphans = sorted(set(map(int, pg)) | set(tagged_pids(tag)))
+    for pid in orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return orphans
+
+
 def load():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -293,7 +382,7 @@ class EtcdCluster:
         cports = [free_port() for _ in range(n)]
         pports = [free_port() for _ in range(n)]
         initial = ",".join(f"m{i}=http://127.0.0.1:{pports[i]}" for i in range(n))
-        env = dict(os.environ, **{TAG_VAR: tag})
+        env = dict(os.environ, **as_tag(tag).env())
         for i in range(n):
             log = open(os.path.join(work, f"{name}-m{i}.log"), "wb")
             cmd = [ETCD, "--name", f"m{i}", "--data-dir", os.path.join(work, f"{name}-m{i}"),

@@ -35,7 +35,8 @@
 # --redirects/--tee workaround; ctorchrun accepts the same flags). ctorchrun:
 # --ctorchrun PATH, else build/bin/ctorchrun, else build/cli/ctorchrun
 # (build: scripts/build.sh, or ninja -C build ctorchrun). Workers run on
-# /usr/bin/python3 (CTORCHRUN_PYTHON).
+# /usr/bin/python3 (CTORCHRUN_PYTHON). The process handling (sessions, tags,
+# kills, leftover checks) is bench/benchproc.py's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec /usr/bin/python3 - "$@" <<'PY'
@@ -43,20 +44,17 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+import benchproc as bp  # noqa: E402
+
 PYTHON = "/usr/bin/python3"
 WORKER = "bench/c10d_join_worker.py"
-STEP = re.compile(r"STEP t=([0-9.]+) world=(\d+) rank=(\d+)")
-START = re.compile(r"START t=([0-9.]+) world=(\S+) rank=(\S+)")
 
 ap = argparse.ArgumentParser(prog="bench/c10d_join_bench.sh")
 ap.add_argument("--runs", type=int, default=3)
@@ -89,191 +87,20 @@ if "torchrun" in launchers and not os.access(launchers["torchrun"], os.X_OK):
 min_nodes = int(args.nnodes.split(":")[0])
 grows = ":" in args.nnodes and min_nodes < int(args.nnodes.split(":")[1])
 
-tag = f"cjb{os.getpid()}x{random.randrange(1 << 30):x}"
+tag = bp.Tag(f"cjb{os.getpid()}x{random.randrange(1 << 30):x}", "CJB_TAG", "CJB_NODE")
 top = tempfile.mkdtemp(prefix="c10d_join_bench.")
-stopping = False
-
-
-def on_signal(signum, _frame):
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # let the cleanup finish
-        signal.signal(sig, signal.SIG_IGN)
-    raise SystemExit(f"stopped by signal {signum}")
-
-
-for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-    signal.signal(sig, on_signal)
-
-
-def free_port():
-    """A port below the ephemeral range that nothing listens on (bind test on
-    every IPv4 address, and every IPv6 one where the host has IPv6)."""
-    for _ in range(200):
-        port = random.randrange(20000, 32000)
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("0.0.0.0", port))
-            if socket.has_ipv6:
-                with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-                    s.bind(("::", port))
-            return port
-        except OSError:
-            continue
-    raise SystemExit("no free port found in 200 tries")
-
-
-def proc_stat(pid):
-    """(ppid, state, starttime) from /proc/PID/stat, or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            s = f.read()
-    except OSError:
-        return None
-    rest = s[s.rindex(")") + 2:].split()
-    return int(rest[1]), rest[0], int(rest[19])
-
-
-def descendants(roots):
-    """{pid: starttime} of every live process under the given pids."""
-    children = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = proc_stat(int(name))
-            if st:
-                children.setdefault(st[0], []).append((int(name), st[2]))
-    found, pending = {}, list(roots)
-    while pending:
-        for pid, start in children.get(pending.pop(), []):
-            if pid not in found:
-                found[pid] = start
-                pending.append(pid)
-    return found
-
-
-def alive(pid, start):
-    st = proc_stat(pid)
-    return st is not None and st[1] != "Z" and st[2] == start
-
-
-def tagged_pids():
-    """Live processes whose environment carries this harness's tag."""
-    pids = []
-    needle = f"CJB_TAG={tag}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        st = proc_stat(int(name))
-        if needle in env and st and st[1] != "Z":
-            pids.append(int(name))
-    return pids
-
-
-class Agent:
-    def __init__(self, name, cmd, env, log_path):
-        self.name, self.log_path = name, log_path
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.pos, self.partial = 0, b""
-        self.steps, self.starts = [], []  # (t, world, rank)
-
-    def poll(self):
-        with open(self.log_path, "rb") as f:
-            f.seek(self.pos)
-            data = f.read()
-        self.pos += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            m = STEP.search(line)
-            if m:
-                self.steps.append((float(m[1]), int(m[2]), int(m[3])))
-            m = START.search(line)
-            if m:
-                self.starts.append((float(m[1]), m[2], m[3]))
-
-    def first_step(self, world):
-        return min((t for t, w, _ in self.steps if w == world), default=None)
-
-    def first_start(self, world):
-        return min((t for t, w, _ in self.starts if w == str(world)), default=None)
-
-    def tail(self, n=6):
-        with open(self.log_path, "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-        return [l[:300] for l in lines[-n:]]
-
-
-def wait_gone(live, tree, grace):
-    """Waits up to grace seconds for the agents to exit and every process of
-    tree (growing with whatever the agents start meanwhile) to end; returns
-    the pids still alive."""
-    end = time.monotonic() + grace
-    while True:
-        for a in live:
-            a.proc.poll()
-        tree.update(descendants([a.proc.pid for a in live if a.proc.returncode is None]))
-        left = [p for p, s in tree.items() if alive(p, s)]
-        if not left and all(a.proc.returncode is not None for a in live):
-            return []
-        if time.monotonic() > end:
-            return left
-        time.sleep(0.05)
-
-
-def stop_all(agents, stop_file):
-    """Stop file, then SIGTERM to each agent's group and every descendant by
-    pid; SIGKILL whatever is left after 15 s. Returns the pids still alive."""
-    open(stop_file, "w").close()
-    live = [a for a in agents if a is not None]
-    tree = descendants([a.proc.pid for a in live])
-    for a in live:
-        try:
-            os.killpg(a.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    for pid, start in tree.items():
-        if alive(pid, start):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    left = wait_gone(live, tree, 15.0)
-    if left or any(a.proc.returncode is None for a in live):
-        for a in (a for a in live if a.proc.returncode is None):
-            try:
-                os.killpg(a.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        left = wait_gone(live, tree, 5.0)
-    for a in live:
-        try:
-            a.proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            left.append(a.proc.pid)
-        a.log.close()
-    return left
+bp.exit_on_signals()
 
 
 def measure(launcher, run):
     path = launchers[launcher]
     work = os.path.join(top, f"{launcher}-{run}")
     os.makedirs(os.path.join(work, "tmp"))
-    port = free_port()
+    port = bp.free_port()
     rdzv_id = f"{tag}_{launcher}_{run}"
     stop_file = os.path.join(work, "stop")
     env = dict(os.environ)
-    env.update(CJB_TAG=tag, CJB_STOP_FILE=stop_file,
+    env.update(tag.env(), CJB_STOP_FILE=stop_file,
                CJB_MAX_SECONDS=str(int(args.startup_deadline + args.deadline + 30)),
                CTORCHRUN_PYTHON=PYTHON, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
                TMPDIR=os.path.join(work, "tmp"))
@@ -284,28 +111,28 @@ def measure(launcher, run):
     res = {"launcher": launcher, "run": run, "port": port, "status": None}
     a1 = a2 = None
     try:
-        a1 = Agent("agent1", cmd, env, os.path.join(work, "agent1.log"))
+        a1 = bp.Agent("agent1", cmd, env, os.path.join(work, "agent1.log"))
         t_a1 = time.time()
         end = time.monotonic() + args.startup_deadline
         while True:  # agent 1 alone: stepping (elastic), or just started (fixed size)
             a1.poll()
-            if grows and sum(1 for _, w, _ in a1.steps if w == 1) >= 3:
+            if grows and a1.steps(1) >= 3:
                 break
             if not grows and time.time() - t_a1 >= args.lead_delay:
                 break
             if a1.proc.poll() is not None:
                 res.update(status=f"failed: agent 1 exited rc={a1.proc.returncode} before stepping",
-                           agent1_tail=a1.tail())
+                           agent1_tail=a1.tail(6))
                 return res
             if time.monotonic() > end:
                 res.update(status=f"timeout: agent 1 did not step within {args.startup_deadline:g} s",
-                           agent1_tail=a1.tail())
+                           agent1_tail=a1.tail(6))
                 return res
             time.sleep(0.02)
         if grows:
             res["agent1_first_world1_step_s"] = round(a1.first_step(1) - t_a1, 3)
         t0 = time.time()
-        a2 = Agent("agent2", cmd, env, os.path.join(work, "agent2.log"))
+        a2 = bp.Agent("agent2", cmd, env, os.path.join(work, "agent2.log"))
         res["t0"] = t0
         end = time.monotonic() + args.deadline
         grace_end = None
@@ -328,19 +155,19 @@ def measure(launcher, run):
                 if a2.first_step(2) is None:
                     res.update(status=f"refused: agent 2 exited rc={a2.proc.returncode} after "
                                       f"{time.time() - t0:.2f} s without a world=2 step",
-                               agent2_tail=a2.tail())
+                               agent2_tail=a2.tail(6))
                     return res
             if a1.proc.poll() is not None and f1 is None and f2 is None:
                 res.update(status=f"failed: agent 1 exited rc={a1.proc.returncode}",
-                           agent1_tail=a1.tail(), agent2_tail=a2.tail())
+                           agent1_tail=a1.tail(6), agent2_tail=a2.tail(6))
                 return res
             if time.monotonic() > end:
                 res.update(status=f"timeout: no world=2 step within {args.deadline:g} s of agent 2's start",
-                           agent1_tail=a1.tail(), agent2_tail=a2.tail())
+                           agent1_tail=a1.tail(6), agent2_tail=a2.tail(6))
                 return res
             time.sleep(0.02)
     finally:
-        left = stop_all([a1, a2], stop_file)
+        left = bp.stop_all(tag, [a1, a2], stop_file)
         if left:
             res["left_after_stop"] = left
         if args.keep_logs:
@@ -351,15 +178,10 @@ def measure(launcher, run):
                     shutil.copy(os.path.join(work, name), dest)
 
 
-def load():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-
-
 results = []
 orphans = []
 try:
-    print(f"# c10d join bench: nproc {len(os.sched_getaffinity(0))}, load average {load()}, "
+    print(f"# c10d join bench: nproc {len(os.sched_getaffinity(0))}, load average {bp.load()}, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}, nnodes {args.nnodes}, runs {args.runs}, "
           f"deadline {args.deadline:g} s", flush=True)
     for name, path in launchers.items():
@@ -373,20 +195,14 @@ try:
 finally:
     # Nothing of ours may outlive the harness: agents carry the tag in their
     # --rdzv_id, workers in their environment.
-    pg = subprocess.run(["pgrep", "-f", f"rdzv_id={tag}"], capture_output=True, text=True).stdout.split()
-    orphans = sorted(set(map(int, pg)) | set(tagged_pids()))
-    for pid in orphans:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    orphans = bp.kill_leftovers(tag)
     print(f"# leftover processes after the runs: {orphans if orphans else 'none'} "
           f"(pgrep -f rdzv_id={tag} and /proc/*/environ CJB_TAG)", flush=True)
     shutil.rmtree(top, ignore_errors=True)
     if args.keep_logs:
         print(f"# logs in {args.keep_logs}", flush=True)
 
-print(f"# load average at the end {load()}")
+print(f"# load average at the end {bp.load()}")
 print()
 print("| launcher | arrival -> first world=2 step, median | each run (s) "
       "| agent 2's first world=2 step, median | first world=2 worker started, median | ok / runs |")

@@ -46,7 +46,8 @@
 # --redirects/--tee workaround; ctorchrun accepts the same flags). ctorchrun:
 # --ctorchrun PATH, else build/bin/ctorchrun, else build/cli/ctorchrun
 # (build: scripts/build.sh, or ninja -C build ctorchrun). Workers run on
-# /usr/bin/python3 (CTORCHRUN_PYTHON).
+# /usr/bin/python3 (CTORCHRUN_PYTHON). The process handling (sessions, tags,
+# kills, leftover checks) is bench/benchproc.py's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec /usr/bin/python3 - "$@" <<'PY'
@@ -56,18 +57,16 @@ import os
 import random
 import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+import benchproc as bp  # noqa: E402
+
 PYTHON = "/usr/bin/python3"
 WORKER = "bench/c10d_join_worker.py"
-STEP = re.compile(r"STEP t=([0-9.]+) world=(\d+) rank=(\d+)")
-START = re.compile(r"START t=([0-9.]+) world=(\S+) rank=(\S+) pid=(\d+)")
 # Launcher log lines about restarts and lost nodes, kept when they follow T0.
 NOTE = re.compile(r"restart|attempts left|gives way|lost|FAILED|Detected|heartbeat|dead",
                   re.IGNORECASE)
@@ -98,270 +97,20 @@ if args.only == "ctorchrun":
 if "torchrun" in launchers and not os.access(launchers["torchrun"], os.X_OK):
     sys.exit(f"no torchrun at {launchers['torchrun']}")
 
-tag = f"clb{os.getpid()}x{random.randrange(1 << 30):x}"
+tag = bp.Tag(f"clb{os.getpid()}x{random.randrange(1 << 30):x}", "CLB_TAG", "CLB_NODE")
 top = tempfile.mkdtemp(prefix="c10d_loss_bench.")
-
-
-def on_signal(signum, _frame):
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # let the cleanup finish
-        signal.signal(sig, signal.SIG_IGN)
-    raise SystemExit(f"stopped by signal {signum}")
-
-
-for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-    signal.signal(sig, on_signal)
-
-
-def free_port():
-    """A port below the ephemeral range that nothing listens on (bind test on
-    every IPv4 address, and every IPv6 one where the host has IPv6)."""
-    for _ in range(200):
-        port = random.randrange(20000, 32000)
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("0.0.0.0", port))
-            if socket.has_ipv6:
-                with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-                    s.bind(("::", port))
-            return port
-        except OSError:
-            continue
-    raise SystemExit("no free port found in 200 tries")
-
-
-def accepts(port):
-    """Whether something accepts TCP connections on 127.0.0.1:port."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def proc_stat(pid):
-    """(ppid, state, starttime) from /proc/PID/stat, or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            s = f.read()
-    except OSError:
-        return None
-    rest = s[s.rindex(")") + 2:].split()
-    return int(rest[1]), rest[0], int(rest[19])
-
-
-def descendants(roots):
-    """{pid: starttime} of every live process under the given pids."""
-    children = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = proc_stat(int(name))
-            if st:
-                children.setdefault(st[0], []).append((int(name), st[2]))
-    found, pending = {}, list(roots)
-    while pending:
-        for pid, start in children.get(pending.pop(), []):
-            if pid not in found:
-                found[pid] = start
-                pending.append(pid)
-    return found
-
-
-def comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-def alive(pid, start):
-    st = proc_stat(pid)
-    return st is not None and st[1] != "Z" and st[2] == start
-
-
-def environ(pid):
-    """The environment of a process as a dict, or None."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            items = f.read().split(b"\0")
-    except OSError:
-        return None
-    env = {}
-    for item in items:
-        k, sep, v = item.partition(b"=")
-        if sep:
-            env[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-    return env
-
-
-def tagged_pids(node=None):
-    """{pid: starttime} of live processes whose environment carries this
-    harness's tag (and, with node, that node's mark)."""
-    pids = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        env = environ(int(name))
-        st = proc_stat(int(name))
-        if not env or not st or st[1] == "Z" or env.get("CLB_TAG") != tag:
-            continue
-        if node is None or env.get("CLB_NODE") == str(node):
-            pids[int(name)] = st[2]
-    return pids
-
-
-class Agent:
-    def __init__(self, name, cmd, env, log_path):
-        self.name, self.log_path = name, log_path
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.pos, self.partial = 0, b""
-        # In log order: ("step", t, world, rank) / ("start", t, world, rank, pid) / ("note", line)
-        self.events = []
-
-    def poll(self):
-        with open(self.log_path, "rb") as f:
-            f.seek(self.pos)
-            data = f.read()
-        self.pos += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            m = STEP.search(line)
-            if m:
-                self.events.append(("step", float(m[1]), int(m[2]), int(m[3])))
-                continue
-            m = START.search(line)
-            if m:
-                self.events.append(("start", float(m[1]), m[2], m[3], int(m[4])))
-                continue
-            if NOTE.search(line):
-                self.events.append(("note", line.strip()[:300]))
-
-    def steps(self, world):
-        return sum(1 for e in self.events if e[0] == "step" and e[2] == world)
-
-    def last_start(self):
-        return next((e for e in reversed(self.events) if e[0] == "start"), None)
-
-    def after(self, t0):
-        """([START events with t > t0 up to the first STEP after them], that
-        STEP event or None), in log order."""
-        starts = []
-        for e in self.events:
-            if e[0] == "start" and e[1] > t0:
-                starts.append(e)
-            elif starts and e[0] == "step" and e[1] > t0:
-                return starts, e
-        return starts, None
-
-    def tail(self, n=8):
-        with open(self.log_path, "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-        return [l[:300] for l in lines[-n:]]
-
-
-def restart_count(pid):
-    env = environ(pid)
-    return None if env is None else env.get("TORCHELASTIC_RESTART_COUNT")
-
-
-def kill_node(agent, node):
-    """SIGKILL to the agent's process group and, by pid, to every process it
-    started (descendants, and whatever carries the node's mark: workers may
-    sit in other groups). Returns T0, taken just before the first signal, and
-    the pids of the node still alive after it (none expected)."""
-    victims = descendants([agent.proc.pid])
-    victims.update(tagged_pids(node))
-    t0 = time.time()
-    try:
-        os.killpg(agent.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    end = time.monotonic() + 2.0
-    while True:  # again, for anything started while the signals went out, until all are gone
-        for pid, start in victims.items():
-            if alive(pid, start):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        victims = {p: s for p, s in victims.items() if alive(p, s)}
-        victims.update(tagged_pids(node))
-        if not victims or time.monotonic() > end:
-            break
-        time.sleep(0.05)
-    return t0, [f"{pid} {comm(pid)}" for pid in sorted(victims)]
-
-
-def wait_gone(live, tree, grace):
-    """Waits up to grace seconds for the agents to exit and every process of
-    tree (growing with whatever the agents start meanwhile) to end; returns
-    the pids still alive."""
-    end = time.monotonic() + grace
-    while True:
-        for a in live:
-            a.proc.poll()
-        tree.update(descendants([a.proc.pid for a in live if a.proc.returncode is None]))
-        left = [p for p, s in tree.items() if alive(p, s)]
-        if not left and all(a.proc.returncode is not None for a in live):
-            return []
-        if time.monotonic() > end:
-            return left
-        time.sleep(0.05)
-
-
-def stop_all(agents, stop_file):
-    """Stop file, then SIGTERM to each agent's group and every descendant by
-    pid; SIGKILL whatever is left after 15 s. Returns the pids still alive."""
-    open(stop_file, "w").close()
-    live = [a for a in agents if a is not None]
-    tree = descendants([a.proc.pid for a in live])
-    tree.update(tagged_pids())
-    for a in live:
-        try:
-            os.killpg(a.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    for pid, start in tree.items():
-        if alive(pid, start):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    left = wait_gone(live, tree, 15.0)
-    if left or any(a.proc.returncode is None for a in live):
-        for a in (a for a in live if a.proc.returncode is None):
-            try:
-                os.killpg(a.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        left = wait_gone(live, tree, 5.0)
-    for a in live:
-        try:
-            a.proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            left.append(a.proc.pid)
-        a.log.close()
-    return left
+bp.exit_on_signals()
 
 
 def measure(launcher, run):
     path = launchers[launcher]
     work = os.path.join(top, f"{launcher}-{run}")
     os.makedirs(os.path.join(work, "tmp"))
-    port = free_port()
+    port = bp.free_port()
     rdzv_id = f"{tag}_{launcher}_{run}"
     stop_file = os.path.join(work, "stop")
     env = dict(os.environ)
-    env.update(CLB_TAG=tag, CJB_STOP_FILE=stop_file,
+    env.update(tag.env(), CJB_STOP_FILE=stop_file,
                CJB_MAX_SECONDS=str(int(args.startup_deadline + args.deadline + 30)),
                CTORCHRUN_PYTHON=PYTHON, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
                LOGLEVEL="INFO", TMPDIR=os.path.join(work, "tmp"))
@@ -372,10 +121,11 @@ def measure(launcher, run):
     res = {"launcher": launcher, "run": run, "port": port, "status": None}
     a1 = a2 = None
     try:
-        a1 = Agent("agent1", cmd, dict(env, CLB_NODE="1"), os.path.join(work, "agent1.log"))
+        a1 = bp.Agent("agent1", cmd, dict(env, **tag.env(1)), os.path.join(work, "agent1.log"),
+                      notes=NOTE)
         t_a1 = time.time()
         end = time.monotonic() + args.startup_deadline
-        while not accepts(port):  # agent 1 hosts the store: it must bind first
+        while not bp.accepts(port):  # agent 1 hosts the store: it must bind first
             if a1.proc.poll() is not None:
                 res.update(status=f"failed: agent 1 exited rc={a1.proc.returncode} before "
                                   "binding the endpoint", agent1_tail=a1.tail())
@@ -385,7 +135,8 @@ def measure(launcher, run):
                                   f"{args.startup_deadline:g} s", agent1_tail=a1.tail())
                 return res
             time.sleep(0.02)
-        a2 = Agent("agent2", cmd, dict(env, CLB_NODE="2"), os.path.join(work, "agent2.log"))
+        a2 = bp.Agent("agent2", cmd, dict(env, **tag.env(2)), os.path.join(work, "agent2.log"),
+                      notes=NOTE)
         res["agent2_start_after_agent1_s"] = round(time.time() - t_a1, 3)
         while True:  # both nodes stepping together
             a1.poll()
@@ -406,9 +157,9 @@ def measure(launcher, run):
         res["world2_stepping_after_agent1_s"] = round(time.time() - t_a1, 3)
         a1.poll()
         old = a1.last_start()
-        res["restart_count_before"] = restart_count(old[4]) if old else None
+        res["restart_count_before"] = bp.restart_count(old[4]) if old else None
         seen = len(a1.events)
-        t0, survived = kill_node(a2, 2)
+        t0, survived = bp.kill_node(tag, a2, 2)
         res["t0"] = t0
         if survived:
             res["node2_alive_after_kill"] = survived
@@ -419,7 +170,7 @@ def measure(launcher, run):
             starts, step = a1.after(t0)
             for e in starts:
                 if e[4] not in counts:
-                    counts[e[4]] = restart_count(e[4]) or "?"
+                    counts[e[4]] = bp.restart_count(e[4]) or "?"
             if step is not None:
                 res.update(status="ok", survivor_step_s=round(step[1] - t0, 4),
                            survivor_world=step[2],
@@ -446,7 +197,7 @@ def measure(launcher, run):
         res["agent1_notes_after_loss"] = [e[1] for e in a1.events[seen:] if e[0] == "note"][:20]
         return res
     finally:
-        left = stop_all([a1, a2], stop_file)
+        left = bp.stop_all(tag, [a1, a2], stop_file)
         if left:
             res["left_after_stop"] = left
         if args.keep_logs:
@@ -457,15 +208,10 @@ def measure(launcher, run):
                     shutil.copy(os.path.join(work, name), dest)
 
 
-def load():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-
-
 results = []
 orphans = []
 try:
-    print(f"# c10d loss bench: nproc {len(os.sched_getaffinity(0))}, load average {load()}, "
+    print(f"# c10d loss bench: nproc {len(os.sched_getaffinity(0))}, load average {bp.load()}, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}, runs {args.runs}, "
           f"deadline {args.deadline:g} s", flush=True)
     for name, path in launchers.items():
@@ -479,20 +225,14 @@ try:
 finally:
     # Nothing of ours may outlive the harness: agents carry the tag in their
     # --rdzv_id, everything they start in its environment.
-    pg = subprocess.run(["pgrep", "-f", f"rdzv_id={tag}"], capture_output=True, text=True).stdout.split()
-    orphans = sorted(set(map(int, pg)) | set(tagged_pids()))
-    for pid in orphans:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    orphans = bp.kill_leftovers(tag)
     print(f"# leftover processes after the runs: {orphans if orphans else 'none'} "
           f"(pgrep -f rdzv_id={tag} and /proc/*/environ CLB_TAG)", flush=True)
     shutil.rmtree(top, ignore_errors=True)
     if args.keep_logs:
         print(f"# logs in {args.keep_logs}", flush=True)
 
-print(f"# load average at the end {load()}")
+print(f"# load average at the end {bp.load()}")
 print()
 print("| launcher | loss -> survivor stepping again, median | each run (s) "
       "| loss -> worker started, median | survivor's world | restart count before -> after | ok / runs |")

@@ -108,16 +108,7 @@ if args.only != "host-loss" and not os.access(args.failover_bench, os.X_OK):
 tag = f"elb{os.getpid()}x{random.randrange(1 << 30):x}"
 top = tempfile.mkdtemp(prefix="etcd_loss_bench.")
 clusters = []  # every cluster started, stopped at the end whatever happens
-
-
-def on_signal(signum, _frame):
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # let the cleanup finish
-        signal.signal(sig, signal.SIG_IGN)
-    raise SystemExit(f"stopped by signal {signum}")
-
-
-for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-    signal.signal(sig, on_signal)
+bp.exit_on_signals()
 
 
 def new_cluster(work):
@@ -523,14 +514,7 @@ finally:
         c.stop()
     # Nothing of ours may outlive the harness: agents carry the tag in their
     # --rdzv_id, everything started in its environment (etcd members too).
-    pg = subprocess.run(["pgrep", "-f", f"rdzv_id={tag}"], capture_output=True,
-                        text=True).stdout.split()
-    orphans = sorted(set(map(int, pg)) | set(bp.tagged_pids(tag)))
-    for pid in orphans:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    orphans = bp.kill_leftovers(tag)
     print(f"# leftover processes after the runs: {orphans if orphans else 'none'} "
           f"(pgrep -f rdzv_id={tag} and /proc/*/environ {bp.TAG_VAR})", flush=True)
     shutil.rmtree(top, ignore_errors=True)
