@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "common/deadline.h"
@@ -14,6 +15,7 @@
 #include "common/log.h"
 #include "etcd/client.h"
 #include "etcd/etcd_store.h"
+#include "etcd/watch.h"
 #include "rendezvous/c10d_state.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/host_probe.h"
@@ -506,9 +508,72 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
       throw;
     }
   };
-  info.check_membership = [call](int attempt) {
+  auto full_check = [call](int attempt) {
     return call([attempt](C10dRoundWatch& w) { return w.check(attempt); });
   };
+  if (!etcd_client_) {
+    info.check_membership = full_check;
+  } else {
+    // etcd: membership is learned from a watch on the generation's keys,
+    // not by polling. A full check (a few reads) runs when a change
+    // arrives, when rank 0's store closed, once more when an admission
+    // becomes due (last_call_timeout after the round formed, if a change
+    // came before), and every kSafetyCheck (a member that hangs without
+    // closing the watch's stream shows nothing).
+    struct Events {
+      std::unique_ptr<etcd::Watch> watch;
+      bool dirty = true;
+      std::optional<Clock::time_point> recheck_at;
+      Clock::time_point last_full{};
+    };
+    auto events = std::make_shared<Events>();
+    const std::string watched = options_.etcd_prefix + "/" + job_prefix_ + "/g" +
+                                std::to_string(round.generation) + "/rdzv/";
+    const auto admission_due = Clock::now() + options_.last_call_timeout;
+    info.check_membership = [full_check, events, watcher, client = etcd_client_, watched,
+                             admission_due](int attempt) -> std::optional<MembershipChange> {
+      constexpr auto kSafetyCheck = milliseconds(5'000);
+      constexpr int kMaxDrained = 10'000;
+      auto& ev = *events;
+      if (ev.watch) {
+        try {
+          for (int i = 0; i < kMaxDrained; ++i) {
+            if (!ev.watch->next(Clock::now() + milliseconds(5))) break;
+            ev.dirty = true;
+          }
+        } catch (const Error& e) {
+          // Compacted, or no member took the stream back: read everything
+          // again and watch anew.
+          get_logger("rdzv")->debug("membership watch on {} ended: {}", watched, e.what());
+          ev.watch.reset();
+          ev.dirty = true;
+        }
+      }
+      const auto now = Clock::now();
+      bool rank0_closed = false;
+      {
+        std::lock_guard<std::mutex> lock(watcher->mutex);
+        rank0_closed = watcher->rank0 && watcher->rank0->gone();
+      }
+      const bool due = ev.recheck_at && now >= *ev.recheck_at;
+      if (ev.watch && !ev.dirty && !due && !rank0_closed && now - ev.last_full < kSafetyCheck) {
+        return std::nullopt;
+      }
+      // Watch from before the reads, so that no change after them is missed.
+      std::int64_t revision = 0;
+      if (!ev.watch) revision = client->range_prefix(watched + "watch-start").revision;
+      auto change = full_check(attempt);
+      if (ev.dirty && now < admission_due) {
+        ev.recheck_at = admission_due;
+      } else if (due) {
+        ev.recheck_at.reset();
+      }
+      ev.dirty = false;
+      ev.last_full = now;
+      if (!change && !ev.watch) ev.watch = client->watch(watched, revision + 1, true);
+      return change;
+    };
+  }
   info.reform = [call](const MembershipChange& change) {
     return call([&](C10dRoundWatch& w) { return w.reform(change); });
   };
