@@ -18,7 +18,8 @@
 // and then up to max_attempts transactions, each with its own read_timeout.
 // One connection per request ("Connection: close"): simple and stateless;
 // pooling would save a loopback handshake per call, which rendezvous traffic
-// does not need.
+// does not need. Over TLS each request also runs a full TLS handshake (no
+// session resumption).
 //
 // Errors (see etcd/errors.h):
 //  - IoError: no member answered within read_timeout. The message names every
