@@ -70,6 +70,13 @@ TEST_CASE("EtcdClient over TLS: put, get, txn, add, watch and leases as over htt
   CHECK(e1->type == WatchEvent::Type::kPut);
   CHECK(e1->kv.value == "v");
   CHECK(e2->type == WatchEvent::Type::kDelete);
+  // A wait that times out cancels its read; the TLS stream stays usable.
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(w->next(Clock::now() + 100ms));
+  c.put("/tls/w/y", "after");
+  auto e3 = w->next(Clock::now() + 10s);
+  REQUIRE(e3);
+  CHECK(e3->kv.key == "/tls/w/y");
+  CHECK(e3->kv.value == "after");
 
   const Lease lease = c.lease_grant(5s);
   c.put("/tls/leased", "x", lease.id);
