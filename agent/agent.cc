@@ -1052,7 +1052,8 @@ RunResult ElasticAgent::Impl::run() {
         c_.max_restarts, c_.entrypoint_name);
   } else if (c_.rdzv_backend == "etcd-v3") {
     std::string list;
-    for (const auto& e : c_.etcd_endpoints) list += (list.empty() ? "" : ",") + e;
+    for (const auto& e : c_.etcd_endpoints)
+      list += (list.empty() ? "" : ",") + std::string(c_.etcd_tls ? "https://" : "") + e;
     log_->info(
         "starting rdzv_backend=etcd-v3 etcd={} etcd_prefix={} nnodes={}:{} nproc_per_node={} "
         "run_id={} max_restarts={} entrypoint={}",
@@ -1174,6 +1175,10 @@ RunResult run(const LaunchConfig& config) {
     co.close_timeout = config.close_timeout;
     co.etcd_endpoints = config.etcd_endpoints;
     co.etcd_prefix = config.etcd_prefix;
+    co.etcd_tls.enabled = config.etcd_tls;
+    co.etcd_tls.ca_file = config.etcd_cacert;
+    co.etcd_tls.cert_file = config.etcd_cert;
+    co.etcd_tls.key_file = config.etcd_key;
     co.presence_ttl = config.node_timeout;
     co.monitor_timeout =
         std::clamp(config.node_timeout / config.keep_alive_max_attempt,

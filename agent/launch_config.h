@@ -29,6 +29,15 @@ struct LaunchConfig {
   // the key prefix (--rdzv_conf etcd_prefix).
   std::vector<std::string> etcd_endpoints;
   std::string etcd_prefix = "/ctorchrun";
+  // etcd over TLS (https:// endpoints or --rdzv_conf protocol=https): the CA
+  // that signed the members' certificates (empty: the system's trust store)
+  // and the client certificate and key for mutual TLS (both or neither).
+  bool etcd_tls = false;
+  std::string etcd_cacert;
+  std::string etcd_cert;
+  std::string etcd_key;
+  // --rdzv_conf protocol as given ("" when not), for the command line's checks.
+  std::string etcd_protocol;
   std::map<std::string, std::string> rdzv_conf;
   std::chrono::milliseconds rdzv_timeout{900'000};  // rdzv_conf timeout, torchrun's 900 s
   // The other --rdzv_conf keys, validated and typed (cli/rdzv_conf.cc holds

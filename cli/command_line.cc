@@ -125,6 +125,31 @@ std::string random_suffix() {
   return s;
 }
 
+// etcd over TLS or not, from the endpoints' scheme ("https", "http" or ""
+// when none was written) and the --rdzv_conf keys protocol, cacert, cert and
+// key, which apply_rdzv_conf stored in `c`. Conflicts are usage errors.
+void resolve_etcd_tls(const std::string& endpoint_scheme, agent::LaunchConfig* c) {
+  const std::string& protocol = c->etcd_protocol;
+  if (!endpoint_scheme.empty() && !protocol.empty() && protocol != endpoint_scheme) {
+    throw UsageError("--rdzv_conf protocol=" + protocol + " contradicts the " + endpoint_scheme +
+                     ":// endpoints of --rdzv_endpoint");
+  }
+  c->etcd_tls = protocol == "https" || endpoint_scheme == "https";
+  const bool files = !c->etcd_cacert.empty() || !c->etcd_cert.empty() || !c->etcd_key.empty();
+  if (!c->etcd_tls && files) {
+    throw UsageError(
+        "--rdzv_conf cacert, cert and key are for etcd over TLS, but the members are reached "
+        "over http; add protocol=https or write the endpoints as https://HOST:PORT");
+  }
+  if (c->etcd_cert.empty() != c->etcd_key.empty()) {
+    throw UsageError(c->etcd_cert.empty()
+                         ? "--rdzv_conf key='" + c->etcd_key +
+                               "' without cert: a client key needs its certificate"
+                         : "--rdzv_conf cert='" + c->etcd_cert +
+                               "' without key: a client certificate needs its key");
+  }
+}
+
 // "host:port", "[v6]:port" or "host" (port stays as given).
 void split_endpoint(const std::string& ep, std::string* host, int* port) {
   if (ep.empty()) return;
@@ -499,6 +524,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     // Rendezvous.
     c.run_id = rdzv_id;
     c.rdzv_backend = rdzv_backend;
+    std::string etcd_scheme;  // of the etcd endpoints: "https", "http" or "" (none written)
     if (standalone) {
       // One node on a free local port until dynamic rendezvous lands.
       c.rdzv_backend = "static";
@@ -530,14 +556,29 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
         }
       }
       c.node_rank = 0;
+      // Every endpoint's scheme ("" when none is written) must agree.
+      std::string& scheme = etcd_scheme;
       for (std::string item : split(rdzv_endpoint, ',')) {
         if (item.empty()) continue;
+        std::string this_scheme;
         if (item.rfind("https://", 0) == 0) {
+          this_scheme = "https";
+          item = item.substr(8);
+        } else if (item.rfind("http://", 0) == 0) {
+          this_scheme = "http";
+          item = item.substr(7);
+        } else if (item.find("://") != std::string::npos) {
           throw UsageError("--rdzv_endpoint: '" + item +
-                           "': etcd over https is not supported; use http:// endpoints (etcd "
-                           "on a trusted network) or the c10d backend");
+                           "': etcd is reached over http:// or https:// only");
         }
-        if (item.rfind("http://", 0) == 0) item = item.substr(7);
+        if (!this_scheme.empty()) {
+          if (!scheme.empty() && scheme != this_scheme) {
+            throw UsageError("--rdzv_endpoint: '" + rdzv_endpoint + "' mixes " + scheme +
+                             ":// and " + this_scheme +
+                             ":// endpoints; every etcd member is reached the same way");
+          }
+          scheme = this_scheme;
+        }
         std::string host;
         int port = 2379;
         split_endpoint(item, &host, &port);
@@ -590,6 +631,14 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       apply_rdzv_conf(rdzv_conf, c.rdzv_backend, &c, &out.warnings);
     } catch (const ConfigError& e) {
       throw UsageError(e.what());
+    }
+    if (c.rdzv_backend == "etcd-v3") {
+      resolve_etcd_tls(etcd_scheme, &c);
+    } else {
+      c.etcd_protocol.clear();
+      c.etcd_cacert.clear();
+      c.etcd_cert.clear();
+      c.etcd_key.clear();
     }
     c.local_addr = local_addr;
 

@@ -200,12 +200,28 @@ void apply_rdzv_conf(const std::string& text, const std::string& backend,
       }
       continue;
     }
-    if (key == "protocol" || key == "cacert" || key == "cert" || key == "key" || key == "ca_cert" ||
-        key == "ssl_cert" || key == "ssl_cert_key") {
-      if (key == "protocol" && lower(value) == "http") continue;
-      throw ConfigError("--rdzv_conf " + key + "='" + value +
-                        "': etcd over https (and its certificates) is not supported; run etcd "
-                        "with http:// client URLs on a trusted network");
+    // etcd-v3's TLS keys, under torch's names and the other usual spellings;
+    // the command line checks them against the endpoints' schemes.
+    std::string* file = nullptr;
+    if (key == "cacert" || key == "ca_cert") file = &config->etcd_cacert;
+    if (key == "cert" || key == "ssl_cert") file = &config->etcd_cert;
+    if (key == "key" || key == "ssl_cert_key") file = &config->etcd_key;
+    if (key == "protocol" || file) {
+      if (file) {
+        if (value.empty())
+          throw ConfigError("--rdzv_conf " + key + "='': expected the path of a PEM file");
+        *file = value;
+      } else {
+        const std::string p = lower(value);
+        if (p != "http" && p != "https")
+          throw ConfigError("--rdzv_conf protocol='" + value + "': expected http or https");
+        config->etcd_protocol = p;
+      }
+      if (backend != "etcd-v3") {
+        warnings->push_back("--rdzv_conf: key '" + key +
+                            "' is read by the etcd-v3 backend, not by " + backend + "; ignored");
+      }
+      continue;
     }
     auto k = std::find_if(table.begin(), table.end(),
                           [&](const RdzvConfKey& e) { return key == e.name; });
@@ -281,8 +297,21 @@ std::string rdzv_conf_help() {
   std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "etcd_prefix", "text",
                 "starts with /", "/ctorchrun", "etcd-v3", "where the rendezvous keys live in etcd");
   out += line;
-  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "protocol", "text", "http",
-                "http", "etcd-v3", "https (and cacert, cert, key) is refused: not supported");
+  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "protocol", "text",
+                "http, https", "from the endpoints", "etcd-v3",
+                "https: TLS with the members (as https:// endpoints do)");
+  out += line;
+  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "cacert", "path",
+                "a PEM file", "system trust store", "etcd-v3",
+                "CA of the members' certificates (also ca_cert)");
+  out += line;
+  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "cert", "path",
+                "a PEM file", "none", "etcd-v3",
+                "client certificate for mutual TLS, with key (also ssl_cert)");
+  out += line;
+  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "key", "path",
+                "a PEM file", "none", "etcd-v3",
+                "the client certificate's key (also ssl_cert_key)");
   out += line;
   return out;
 }

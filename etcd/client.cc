@@ -32,14 +32,20 @@ Exchange ClientCore::exchange(std::size_t member, const std::string& path, const
   exchanges.fetch_add(1, std::memory_order_relaxed);
   Exchange out;
   const std::string ctx = context(member, path);
-  HttpConnection conn;
+  HttpConnection conn(tls.get());
   if (auto e = conn.connect(endpoints[member], deadline)) {
-    out.what = e.what;
+    if (e.kind == StepError::Kind::kTls) {
+      out.kind = Exchange::Kind::kTls;
+      out.what = ctx + ": " + e.what;
+    } else {
+      out.what = e.what;
+    }
     return out;
   }
   if (auto e = conn.post(path, body, deadline)) {
     out.sent = true;
-    out.what = e.what;
+    out.kind = e.kind == StepError::Kind::kTls ? Exchange::Kind::kTls : Exchange::Kind::kRetry;
+    out.what = out.kind == Exchange::Kind::kTls ? ctx + ": " + e.what : e.what;
     return out;
   }
   out.sent = true;
@@ -47,9 +53,10 @@ Exchange ClientCore::exchange(std::size_t member, const std::string& path, const
   std::vector<std::string> messages;
   for (;;) {
     if (auto e = conn.read_more(deadline)) {
-      out.kind =
-          e.kind == StepError::Kind::kProtocol ? Exchange::Kind::kProtocol : Exchange::Kind::kRetry;
-      out.what = out.kind == Exchange::Kind::kProtocol ? ctx + ": " + e.what : e.what;
+      out.kind = e.kind == StepError::Kind::kProtocol ? Exchange::Kind::kProtocol
+                 : e.kind == StepError::Kind::kTls    ? Exchange::Kind::kTls
+                                                      : Exchange::Kind::kRetry;
+      out.what = out.kind == Exchange::Kind::kRetry ? e.what : ctx + ": " + e.what;
       return out;
     }
     if (conn.done()) break;
@@ -153,6 +160,8 @@ json ClientCore::call(const std::string& path, const json& body, bool idempotent
         throw ProtocolError(ex.what);
       case Exchange::Kind::kRefused:
         throw EtcdError(ex.code, ex.what);
+      case Exchange::Kind::kTls:
+        throw TlsError(ex.what);
       case Exchange::Kind::kRetry:
         errors[member] = ex.what;
         if (!idempotent && ex.sent && ex.applied)
@@ -233,6 +242,10 @@ std::int64_t parse_counter(const KeyValue& kv) {
 
 EtcdClient::EtcdClient(const std::vector<std::string>& endpoints,
                        std::chrono::milliseconds read_timeout)
+    : EtcdClient(endpoints, read_timeout, EtcdTls{}) {}
+
+EtcdClient::EtcdClient(const std::vector<std::string>& endpoints,
+                       std::chrono::milliseconds read_timeout, const EtcdTls& tls)
     : core_(std::make_shared<detail::ClientCore>()) {
   if (endpoints.empty()) throw ConfigError("etcd client needs at least one endpoint");
   if (read_timeout <= std::chrono::milliseconds(0))
@@ -240,7 +253,14 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints,
   for (const auto& e : endpoints) core_->endpoints.push_back(detail::parse_endpoint(e));
   core_->texts = endpoints;
   core_->read_timeout = read_timeout;
+  if (tls.enabled) {
+    core_->tls = detail::make_tls_context(tls.ca_file, tls.cert_file, tls.key_file);
+  } else if (!tls.ca_file.empty() || !tls.cert_file.empty() || !tls.key_file.empty()) {
+    throw ConfigError("etcd client: TLS files given but TLS is off");
+  }
 }
+
+bool EtcdClient::tls() const { return core_->tls != nullptr; }
 
 EtcdClient::~EtcdClient() = default;
 
@@ -394,6 +414,8 @@ MemberStatus EtcdClient::member_status(const std::string& endpoint) const {
       throw ProtocolError(ex.what);
     case Exchange::Kind::kRefused:
       throw EtcdError(ex.code, ex.what);
+    case Exchange::Kind::kTls:
+      throw TlsError(ex.what);
     case Exchange::Kind::kRetry:
       throw IoError(core_->context(member, path) + ": " + ex.what);
   }

@@ -18,7 +18,8 @@
 // and then up to max_attempts transactions, each with its own read_timeout.
 // One connection per request ("Connection: close"): simple and stateless;
 // pooling would save a loopback handshake per call, which rendezvous traffic
-// does not need.
+// does not need. Over TLS each request also runs a full TLS handshake (no
+// session resumption).
 //
 // Errors (see etcd/errors.h):
 //  - IoError: no member answered within read_timeout. The message names every
@@ -30,6 +31,7 @@
 //    base64); the message names the endpoint and the path. Not retried.
 //  - EtcdError: a member refused the request (gRPC status other than
 //    unavailable), e.g. a put on a lease that does not exist.
+//  - TlsError: TLS with a member failed for good (see TLS below). Not retried.
 // After any throw the client is as before: every request has its own
 // connection, so nothing is left half-read.
 //
@@ -39,6 +41,20 @@
 // reports failure with `current` holding the value it wrote; callers that
 // must know compare `current->value` with their desired value. add() is not
 // retried after an ambiguous failure (IoError instead), so it never counts twice.
+//
+// TLS (EtcdTls): with `enabled`, every connection to every member, watches
+// included, runs TLS 1.2 or later over its TCP connection. The member's
+// certificate must chain to `ca_file` (empty: OpenSSL's default trust store,
+// the system's CA certificates) and name the endpoint's host (a DNS name, also
+// sent as SNI) or IP address (an IP SAN); `cert_file` and `key_file` (PEM, both
+// or neither) are the client certificate for members that demand one
+// (etcd --client-cert-auth). The files are read once, by the constructor
+// (ConfigError naming the file and OpenSSL's reason when one is unreadable or
+// not what it should be); one TLS context serves every connection of the
+// client. A verification failure, a member refusing the client certificate,
+// or a member that does not speak TLS is a TlsError (a ConfigError), thrown at
+// once rather than retried on other members: in practice the CA, the
+// certificates or the scheme are wrong for the whole cluster.
 //
 // Thread safety: every method may be called from many threads at once.
 //
@@ -73,6 +89,14 @@ struct ClientCore;
 std::shared_ptr<ClientCore> core_of(const EtcdClient& client);
 }  // namespace detail
 
+// TLS settings of a client (see above); default: plain http.
+struct EtcdTls {
+  bool enabled = false;
+  std::string ca_file;    // PEM CA certificate(s); empty: the default trust store
+  std::string cert_file;  // PEM client certificate (chain), with key_file
+  std::string key_file;   // PEM private key of cert_file
+};
+
 class EtcdClient {
  public:
   static constexpr std::chrono::milliseconds kDefaultReadTimeout{5000};
@@ -82,12 +106,18 @@ class EtcdClient {
   // Connects to nothing until the first call.
   explicit EtcdClient(const std::vector<std::string>& endpoints,
                       std::chrono::milliseconds read_timeout = kDefaultReadTimeout);
+  // Same, with TLS as `tls` says; also throws ConfigError when a TLS file
+  // cannot be read or used.
+  EtcdClient(const std::vector<std::string>& endpoints, std::chrono::milliseconds read_timeout,
+             const EtcdTls& tls);
   ~EtcdClient();
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
 
   const std::vector<std::string>& endpoints() const;
   std::chrono::milliseconds read_timeout() const;
+  // Whether the client speaks TLS with the members.
+  bool tls() const;
   // Requests begun so far, one per attempt on one member (watch streams not
   // counted): what the calls through this client cost on the wire.
   std::uint64_t exchanges() const;

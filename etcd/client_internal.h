@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@ struct Exchange {
     kRetry,     // the member did not answer usefully; another may
     kProtocol,  // the member answered nonsense
     kRefused,   // the member answered with an etcd error (`code`)
+    kTls,       // TLS failed in a way no retry mends (StepError::Kind::kTls)
   };
   Kind kind = Kind::kRetry;
   nlohmann::json answer;
@@ -35,6 +37,8 @@ struct ClientCore {
   std::vector<Endpoint> endpoints;
   std::vector<std::string> texts;
   std::chrono::milliseconds read_timeout{0};
+  // TLS with every member when set; shared by every connection and watch.
+  std::shared_ptr<boost::asio::ssl::context> tls;
   mutable std::atomic<std::size_t> preferred{0};
   // Exchanges begun (EtcdClient::exchanges()).
   mutable std::atomic<std::uint64_t> exchanges{0};

@@ -10,7 +10,14 @@
 //    gateway's (the message names the endpoint and the path);
 //  - EtcdError: a member answered with a well-formed refusal (a gRPC status
 //    other than "unavailable", such as an invalid argument or a missing lease);
-//  - WatchCompactedError: a watch asked for history etcd has compacted away.
+//  - WatchCompactedError: a watch asked for history etcd has compacted away;
+//  - TlsError (a ConfigError): TLS with a member failed in a way that no
+//    retry mends: its certificate did not verify (untrusted, expired, not
+//    naming the endpoint), it refused the client's certificate or wanted one,
+//    or it does not speak TLS. Not retried on other members: in practice the
+//    CA, the certificates or the scheme are wrong for the whole cluster.
+//  - ConfigError: bad endpoints, or TLS files that cannot be read or used
+//    (thrown by the constructor, naming the file and OpenSSL's reason).
 
 #include <cstdint>
 #include <string>
@@ -38,6 +45,11 @@ class WatchCompactedError : public Error {
 
  private:
   std::int64_t compact_revision_;
+};
+
+class TlsError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
 };
 
 }  // namespace ctorchrun::etcd

@@ -1,9 +1,18 @@
 #include "etcd/http_internal.h"
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
+
 #include <boost/asio/connect.hpp>
+#include <boost/asio/ssl/error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/error.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <limits>
 
 #include "common/error.h"
@@ -14,6 +23,7 @@ namespace asio = boost::asio;
 namespace http = boost::beast::http;
 using boost::system::error_code;
 using tcp = asio::ip::tcp;
+namespace ssl = asio::ssl;
 
 Endpoint parse_endpoint(const std::string& text) {
   Endpoint ep;
@@ -42,7 +52,87 @@ Endpoint parse_endpoint(const std::string& text) {
   return ep;
 }
 
-HttpConnection::HttpConnection() : socket_(ioc_), resolver_(ioc_) {}
+namespace {
+
+// OpenSSL's reason for a failure (the error queue is cleared).
+std::string openssl_reason(const error_code& ec) {
+  std::string reason = ec ? ec.message() : "";
+  ERR_clear_error();
+  return reason.empty() ? "unknown OpenSSL error" : reason;
+}
+
+void check_readable(const std::string& what, const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw ConfigError("etcd TLS " + what + " '" + path +
+                      "': cannot read it: " + std::strerror(errno));
+}
+
+// An end of stream without TLS's close_notify: for HTTP (whose bodies carry
+// their length) the same as a plain end of stream.
+bool truncated(const error_code& ec) {
+  if (ec == ssl::error::stream_truncated) return true;
+#ifdef SSL_R_UNEXPECTED_EOF_WHILE_READING
+  if (ec.category() == asio::error::get_ssl_category() &&
+      ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_UNEXPECTED_EOF_WHILE_READING)
+    return true;
+#endif
+  return false;
+}
+
+}  // namespace
+
+std::shared_ptr<ssl::context> make_tls_context(const std::string& ca_file,
+                                               const std::string& cert_file,
+                                               const std::string& key_file) {
+  if (cert_file.empty() != key_file.empty())
+    throw ConfigError("etcd TLS: a client certificate needs its key and a key its certificate (" +
+                      (cert_file.empty() ? "key '" + key_file + "' without a certificate"
+                                         : "certificate '" + cert_file + "' without a key") +
+                      ")");
+  auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
+  long options = ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                 ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1;
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
+  options |= SSL_OP_IGNORE_UNEXPECTED_EOF;
+#endif
+  ctx->set_options(options);
+  ctx->set_verify_mode(ssl::verify_peer);
+  error_code ec;
+  if (ca_file.empty()) {
+    ctx->set_default_verify_paths(ec);
+    if (ec)
+      throw ConfigError("etcd TLS: cannot load the system's trusted certificates: " +
+                        openssl_reason(ec));
+  } else {
+    check_readable("cacert", ca_file);
+    ctx->load_verify_file(ca_file, ec);
+    if (ec)
+      throw ConfigError("etcd TLS cacert '" + ca_file +
+                        "': not a PEM CA certificate: " + openssl_reason(ec));
+  }
+  if (!cert_file.empty()) {
+    check_readable("cert", cert_file);
+    check_readable("key", key_file);
+    ctx->use_certificate_chain_file(cert_file, ec);
+    if (ec)
+      throw ConfigError("etcd TLS cert '" + cert_file +
+                        "': not a PEM certificate: " + openssl_reason(ec));
+    ctx->use_private_key_file(key_file, ssl::context::pem, ec);
+    if (ec)
+      throw ConfigError("etcd TLS key '" + key_file +
+                        "': not a PEM private key: " + openssl_reason(ec));
+    if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
+      ERR_clear_error();
+      throw ConfigError("etcd TLS key '" + key_file + "' does not match the certificate '" +
+                        cert_file + "'");
+    }
+  }
+  return ctx;
+}
+
+HttpConnection::HttpConnection(ssl::context* tls)
+    : socket_(ioc_), resolver_(ioc_), tls_context_(tls) {}
 
 HttpConnection::~HttpConnection() { close(); }
 
@@ -50,6 +140,66 @@ void HttpConnection::close() {
   error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
+  tls_.reset();
+}
+
+StepError HttpConnection::failure(StepError::Kind kind, const std::string& what,
+                                  const error_code& ec) const {
+  if (!tls_ || ec.category() != asio::error::get_ssl_category() || truncated(ec))
+    return {kind, what + ": " + ec.message()};
+  SSL* ssl_handle = const_cast<ssl::stream<tcp::socket&>&>(*tls_).native_handle();
+  const long verify = SSL_get_verify_result(ssl_handle);
+  std::string why;
+  if (verify != X509_V_OK) {
+    why = std::string("certificate verify failed: ") +
+          X509_verify_cert_error_string(static_cast<int>(verify));
+    ERR_clear_error();
+  } else {
+    why = openssl_reason(ec);
+    // An alert from the member about a certificate is about ours.
+    if (why.find("alert") != std::string::npos && why.find("certificate") != std::string::npos)
+      why += " (the member refused this client's certificate, or wanted one)";
+  }
+  return {StepError::Kind::kTls, "TLS: " + why};
+}
+
+StepError HttpConnection::handshake(const Endpoint& endpoint, Clock::time_point deadline) {
+  tls_.emplace(socket_, *tls_context_);
+  SSL* ssl_handle = tls_->native_handle();
+  X509_VERIFY_PARAM* param = SSL_get0_param(ssl_handle);
+  error_code ec;
+  asio::ip::make_address(endpoint.host, ec);
+  // A host name goes in SNI and must be on the certificate; an IP literal
+  // (never sent as SNI) must be among its IP addresses.
+  bool named = false;
+  if (ec) {
+    named = SSL_set_tlsext_host_name(ssl_handle, endpoint.host.c_str()) == 1 &&
+            X509_VERIFY_PARAM_set1_host(param, endpoint.host.c_str(), 0) == 1;
+    X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+  } else {
+    named = X509_VERIFY_PARAM_set1_ip_asc(param, endpoint.host.c_str()) == 1;
+  }
+  if (!named) {
+    ERR_clear_error();
+    return {StepError::Kind::kTls,
+            "TLS: cannot check the certificate against '" + endpoint.host + "'"};
+  }
+  bool timed_out = false;
+  std::size_t n = 0;
+  ec = run(
+      deadline, true,
+      [&](auto handler) {
+        tls_->async_handshake(ssl::stream_base::client, [handler](error_code e) { handler(e, 0); });
+      },
+      timed_out, n);
+  if (timed_out) return {StepError::Kind::kTimeout, "TLS handshake timed out"};
+  // A member may close a connection as it stops; one that serves plain http
+  // closes every one this way, hence the hint.
+  if (ec == asio::error::eof || truncated(ec))
+    return {StepError::Kind::kConnect,
+            "TLS handshake failed: the member closed the connection (does it serve https?)"};
+  if (ec) return failure(StepError::Kind::kConnect, "TLS handshake failed", ec);
+  return {};
 }
 
 // Runs one asynchronous operation to completion or until the deadline. A read
@@ -143,6 +293,7 @@ StepError HttpConnection::connect(const Endpoint& endpoint, Clock::time_point de
     if (timed_out) return {StepError::Kind::kTimeout, "connect timed out"};
     if (!ec) {
       socket_.set_option(tcp::no_delay(true), ec);
+      if (tls_context_) return handshake(endpoint, deadline);
       return {};
     }
     errors = ec.message();
@@ -161,10 +312,16 @@ StepError HttpConnection::post(const std::string& target, const std::string& bod
   request_sent_ = true;  // from here on, the member may have acted on it
   const error_code ec = run(
       deadline, true,
-      [&](auto handler) { asio::async_write(socket_, asio::buffer(request), handler); }, timed_out,
-      n);
+      [&](auto handler) {
+        if (tls_) {
+          asio::async_write(*tls_, asio::buffer(request), handler);
+        } else {
+          asio::async_write(socket_, asio::buffer(request), handler);
+        }
+      },
+      timed_out, n);
   if (timed_out) return {StepError::Kind::kTimeout, "timed out sending the request"};
-  if (ec) return {StepError::Kind::kClosed, "sending the request failed: " + ec.message()};
+  if (ec) return failure(StepError::Kind::kClosed, "sending the request failed", ec);
   return {};
 }
 
@@ -189,16 +346,22 @@ StepError HttpConnection::read_more(Clock::time_point deadline) {
     std::size_t n = 0;
     const error_code ec = run(
         deadline, false,
-        [&](auto handler) { socket_.async_read_some(asio::buffer(buffer_), handler); }, timed_out,
-        n);
+        [&](auto handler) {
+          if (tls_) {
+            tls_->async_read_some(asio::buffer(buffer_), handler);
+          } else {
+            socket_.async_read_some(asio::buffer(buffer_), handler);
+          }
+        },
+        timed_out, n);
     if (timed_out) return {StepError::Kind::kTimeout, "timed out waiting for the response"};
-    if (ec == asio::error::eof) {
+    if (ec == asio::error::eof || (tls_ && truncated(ec))) {
       error_code pec;
       if (raw_.empty() && parser_->is_header_done()) parser_->put_eof(pec);
       if (parser_->is_done()) return {};
       return {StepError::Kind::kClosed, "connection closed mid-response"};
     }
-    if (ec) return {StepError::Kind::kClosed, "reading the response failed: " + ec.message()};
+    if (ec) return failure(StepError::Kind::kClosed, "reading the response failed", ec);
     raw_.append(buffer_, n);
   }
 }

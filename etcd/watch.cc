@@ -82,6 +82,8 @@ bool WatchImpl::pump(Clock::time_point deadline) {
       return false;
     case StepError::Kind::kProtocol:
       throw ProtocolError(ctx() + ": " + e.what);
+    case StepError::Kind::kTls:
+      throw TlsError(ctx() + ": " + e.what);
     default:
       lose(e.what);
       return true;
@@ -117,7 +119,7 @@ void WatchImpl::establish(Clock::time_point deadline) {
     if (now >= deadline) break;
     const auto attempt_deadline = std::min(deadline, now + core_->attempt_budget());
     const std::string where = core_->context(member_, path);
-    auto conn = std::make_unique<HttpConnection>();
+    auto conn = std::make_unique<HttpConnection>(core_->tls.get());
     StepError e = conn->connect(core_->endpoints[member_], attempt_deadline);
     if (!e) e = conn->post(path, body, attempt_deadline);
     while (!e && !conn->header_done()) e = conn->read_more(attempt_deadline);
@@ -143,6 +145,7 @@ void WatchImpl::establish(Clock::time_point deadline) {
       return;
     }
     if (e.kind == StepError::Kind::kProtocol) throw ProtocolError(where + ": " + e.what);
+    if (e.kind == StepError::Kind::kTls) throw TlsError(where + ": " + e.what);
     errors[member_] = e.what;
     member_ = (member_ + 1) % n;
   }

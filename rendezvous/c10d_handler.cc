@@ -162,12 +162,13 @@ void C10dHandler::open_etcd_store() {
   endpoint_ = "etcd " + list;
   const std::string root = options_.etcd_prefix + "/";
   const auto endpoints = options_.etcd_endpoints;
-  auto client = std::make_shared<etcd::EtcdClient>(endpoints, options_.read_timeout);
+  const auto tls = options_.etcd_tls;
+  auto client = std::make_shared<etcd::EtcdClient>(endpoints, options_.read_timeout, tls);
   etcd_client_ = client;
   conn_ = std::make_shared<etcd::EtcdStore>(client, root);
   job_prefix_ = options_.run_id;
-  open_background_ = [endpoints, root](const std::string& prefix, milliseconds timeout) {
-    auto c = std::make_shared<etcd::EtcdClient>(endpoints, timeout);
+  open_background_ = [endpoints, tls, root](const std::string& prefix, milliseconds timeout) {
+    auto c = std::make_shared<etcd::EtcdClient>(endpoints, timeout, tls);
     return std::make_shared<store::PrefixStore>(prefix, std::make_shared<etcd::EtcdStore>(c, root));
   };
   // Presence: keys on a lease that this agent keeps alive; they expire with

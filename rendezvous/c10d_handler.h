@@ -87,6 +87,8 @@ struct C10dOptions {
   // empty: the TCP store at endpoint_host:endpoint_port.
   std::vector<std::string> etcd_endpoints;
   std::string etcd_prefix = "/ctorchrun";
+  // etcd: TLS with the members (every client this handler makes).
+  etcd::EtcdTls etcd_tls;
   // etcd: the TTL of the lease that holds this agent's presence
   // (keep_alive_interval x keep_alive_max_attempt, at least 2 s).
   std::chrono::milliseconds presence_ttl{15'000};

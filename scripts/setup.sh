@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ccache
   clang clang-format libclang-rt-14-dev
   libboost-dev libboost-filesystem-dev libboost-system-dev
+  libssl-dev openssl
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2
   libgloo-dev
   python3-torch python3-numpy

@@ -77,30 +77,82 @@ long long etcd_ranges(const std::string& endpoint) {
 
 }  // namespace
 
-TEST_CASE("issue 14: etcd-v3 takes a list of members, etcd and etcd-v2 with a notice, no https",
-          "[unit]") {
+TEST_CASE(
+    "issue 14: etcd-v3 takes a list of members, etcd and etcd-v2 with a notice; https with "
+    "certificates, and the contradictions refused",
+    "[unit]") {
   auto r = parse({"--nnodes=1:3", "--rdzv_backend=etcd", "--rdzv_endpoint=h1:2379,h2,[::1]:23",
                   "--rdzv_id=j", "s.py"});
   REQUIRE(r.kind == cli::ParseOutcome::Kind::kRun);
   CHECK(r.config.rdzv_backend == "etcd-v3");
   CHECK(r.config.etcd_endpoints == std::vector<std::string>{"h1:2379", "h2:2379", "[::1]:23"});
+  CHECK_FALSE(r.config.etcd_tls);
   REQUIRE(r.notices.size() == 1);
   CHECK(contains(r.notices[0], "etcd's v3 API"));
   auto prefix = parse(
       {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=etcd_prefix=/jobs/", "s.py"});
   REQUIRE(prefix.kind == cli::ParseOutcome::Kind::kRun);
   CHECK(prefix.config.etcd_prefix == "/jobs");
-  for (const auto& bad : std::vector<std::vector<std::string>>{
-           {"--rdzv_backend=etcd-v3", "s.py"},
-           {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1:2379", "s.py"},
-           {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=protocol=https", "s.py"},
-           {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=cacert=/ca.pem", "s.py"},
-           {"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=etcd_prefix=nope",
-            "s.py"}}) {
+
+  // https:// endpoints, torch's keys.
+  auto https = parse({"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1:2379,https://h2",
+                      "--rdzv_conf=cacert=/ca.pem,cert=/c.pem,key=/k.pem", "s.py"});
+  INFO(https.message);
+  REQUIRE(https.kind == cli::ParseOutcome::Kind::kRun);
+  CHECK(https.config.etcd_tls);
+  CHECK(https.config.etcd_endpoints == std::vector<std::string>{"h1:2379", "h2:2379"});
+  CHECK(https.config.etcd_cacert == "/ca.pem");
+  CHECK(https.config.etcd_cert == "/c.pem");
+  CHECK(https.config.etcd_key == "/k.pem");
+  // protocol=https with bare endpoints, the other spellings; no cacert: the
+  // system's trust store.
+  auto proto = parse({"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1",
+                      "--rdzv_conf=protocol=HTTPS,ssl_cert=/c.pem,ssl_cert_key=/k.pem", "s.py"});
+  REQUIRE(proto.kind == cli::ParseOutcome::Kind::kRun);
+  CHECK(proto.config.etcd_tls);
+  CHECK(proto.config.etcd_cacert.empty());
+  CHECK(proto.config.etcd_cert == "/c.pem");
+  CHECK(proto.config.etcd_key == "/k.pem");
+  auto ca_only = parse({"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1",
+                        "--rdzv_conf=ca_cert=/ca.pem,protocol=https", "s.py"});
+  REQUIRE(ca_only.kind == cli::ParseOutcome::Kind::kRun);
+  CHECK(ca_only.config.etcd_tls);
+  CHECK(ca_only.config.etcd_cacert == "/ca.pem");
+  auto plain = parse({"--rdzv_backend=etcd-v3", "--rdzv_endpoint=http://h1,http://h2",
+                      "--rdzv_conf=protocol=http", "s.py"});
+  REQUIRE(plain.kind == cli::ParseOutcome::Kind::kRun);
+  CHECK_FALSE(plain.config.etcd_tls);
+
+  for (const auto& [bad, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--rdzv_backend=etcd-v3", "s.py"}, "needs --rdzv_endpoint"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1,http://h2", "s.py"}, "mixes"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1,h2", "--rdzv_conf=protocol=http",
+             "s.py"},
+            "contradicts"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=http://h1", "--rdzv_conf=protocol=https",
+             "s.py"},
+            "contradicts"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=protocol=tls", "s.py"},
+            "expected http or https"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=cacert=/ca.pem", "s.py"},
+            "over http"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1", "--rdzv_conf=cert=/c.pem",
+             "s.py"},
+            "without key"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1", "--rdzv_conf=ssl_cert_key=/k",
+             "s.py"},
+            "without cert"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=https://h1", "--rdzv_conf=cacert=", "s.py"},
+            "PEM file"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=grpc://h1", "s.py"}, "https://"},
+           {{"--rdzv_backend=etcd-v3", "--rdzv_endpoint=h1", "--rdzv_conf=etcd_prefix=nope",
+             "s.py"},
+            "etcd_prefix"}}) {
     auto b = parse(bad);
     INFO(b.message);
     CHECK(b.kind == cli::ParseOutcome::Kind::kExit);
     CHECK(b.exit_code == 2);
+    CHECK(contains(b.message, says));
   }
 }
 
@@ -495,4 +547,52 @@ TEST_CASE(
   CHECK(resumed >= 5);
   CHECK(contains(out.substr(at), "world=1 rank=0 restart=0"));
   CHECK(contains(out, "FINISHED steps=80 world=1 rank=0"));
+}
+
+TEST_CASE(
+    "issue 14: agents on etcd over https with client certificates (--client-cert-auth) run a "
+    "job and finish; a wrong CA ends a node at once with exit 2",
+    "[multiproc]") {
+  EtcdCluster etcd(1, 30s, EtcdCluster::Tls::kOn);
+  const auto& certs = etcd.certificates();
+  EtcdJob job(etcd);
+  job.nnodes = "2";
+  std::string urls;
+  for (int i = 0; i < etcd.size(); ++i) urls += (urls.empty() ? "" : ",") + etcd.client_url(i);
+  auto agent = [&](const std::string& name, const std::string& ca) {
+    return start_ctorchrun(
+        concat({"--nnodes=2", "--rdzv_backend=etcd-v3", "--rdzv_endpoint=" + urls,
+                "--rdzv_id=" + job.id, "--max_restarts=0",
+                "--rdzv_conf=" + job.conf + ",cacert=" + ca + ",cert=" + certs.client_cert +
+                    ",key=" + certs.client_key},
+               sh("echo \"$WORLD_SIZE $GROUP_RANK\" >> " + job.seen(name))));
+  };
+  auto a = agent("a", certs.ca);
+  auto b = agent("b", certs.ca);
+  int rca = a->exit_code(60s), rcb = b->exit_code(60s);
+  INFO(a->read_all(1s) + "\n----\n" + b->read_all(1s));
+  CHECK(rca == 0);
+  CHECK(rcb == 0);
+  CHECK(lines_of(job.seen("a")).size() == 1);
+  CHECK(lines_of(job.seen("b")).size() == 1);
+  CHECK(lines_of(job.seen("a")).at(0).rfind("2 ", 0) == 0);
+  // The job's keys went into the cluster over TLS, and were tidied.
+  etcd::EtcdClient client(etcd.client_endpoints(), 5s, etcd.client_tls());
+  auto left = client.range_prefix("/ctorchrun/" + job.id + "/");
+  REQUIRE(left.kvs.size() == 1);
+  CHECK(left.kvs[0].key == "/ctorchrun/" + job.id + "/g0/rdzv/closed");
+
+  // A CA that did not sign the member's certificate: exit 2, naming why,
+  // long before the join timeout.
+  job.id = "etcdjob-wrong-ca";
+  auto wrong = run_ctorchrun(concat({"--nnodes=1", "--rdzv_backend=etcd-v3",
+                                     "--rdzv_endpoint=" + urls, "--rdzv_id=" + job.id,
+                                     "--rdzv_conf=" + job.conf + ",cacert=" + certs.other_ca +
+                                         ",cert=" + certs.client_cert + ",key=" + certs.client_key},
+                                    sh("true")),
+                             {}, 60s);
+  INFO(wrong.output);
+  CHECK(wrong.exit_code == 2);
+  CHECK(contains(wrong.output, "certificate verify failed"));
+  CHECK(contains(wrong.output, etcd.client_endpoint(0)));
 }

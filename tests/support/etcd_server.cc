@@ -57,7 +57,9 @@ std::string make_temp_dir() {
   return templ;
 }
 
-std::string url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
+std::string url(int port, bool https = false) {
+  return std::string(https ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);
+}
 
 pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -94,14 +96,106 @@ bool reap_if_exited(pid_t pid) {
 
 std::atomic<int> g_clusters{0};
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs openssl with `args` to completion (30 s at most); throws with its
+// output when it fails.
+void openssl(const std::vector<std::string>& args, const std::string& log_path) {
+  std::vector<std::string> argv{EtcdCluster::kOpensslBinary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const pid_t pid = spawn(argv, log_path);
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0) throw std::runtime_error("waitpid on openssl failed");
+    if (Clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      throw std::runtime_error("openssl did not finish within 30 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string cmd;
+    for (const auto& a : argv) cmd += a + " ";
+    throw std::runtime_error("'" + cmd + "' failed: " + read_file(log_path));
+  }
+}
+
 }  // namespace
 
-EtcdCluster::EtcdCluster(int members, std::chrono::milliseconds ready_timeout) {
+TestCertificates make_test_certificates(const std::string& dir) {
+  if (::access(EtcdCluster::kOpensslBinary, X_OK) != 0)
+    throw std::runtime_error(std::string(EtcdCluster::kOpensslBinary) +
+                             " not found: install openssl (scripts/setup.sh)");
+  const std::string log = dir + "/openssl.log";
+  const std::vector<std::string> ec_key = {"-newkey", "ec", "-pkeyopt",
+                                           "ec_paramgen_curve:prime256v1", "-nodes"};
+  auto make_ca = [&](const std::string& name, const std::string& cn) {
+    std::vector<std::string> a = {"req", "-x509"};
+    a.insert(a.end(), ec_key.begin(), ec_key.end());
+    a.insert(a.end(),
+             {"-keyout", dir + "/" + name + ".key", "-out", dir + "/" + name + ".crt", "-days", "2",
+              "-subj", "/CN=" + cn, "-addext", "basicConstraints=critical,CA:TRUE", "-addext",
+              "keyUsage=critical,keyCertSign,cRLSign"});
+    openssl(a, log);
+  };
+  auto make_leaf = [&](const std::string& name, const std::string& cn, const std::string& ext) {
+    std::vector<std::string> a = {"req"};
+    a.insert(a.end(), ec_key.begin(), ec_key.end());
+    a.insert(a.end(), {"-keyout", dir + "/" + name + ".key", "-out", dir + "/" + name + ".csr",
+                       "-subj", "/CN=" + cn});
+    openssl(a, log);
+    const std::string ext_file = dir + "/" + name + ".ext";
+    std::ofstream(ext_file) << ext;
+    openssl({"x509", "-req", "-in", dir + "/" + name + ".csr", "-CA", dir + "/ca.crt", "-CAkey",
+             dir + "/ca.key", "-CAcreateserial", "-out", dir + "/" + name + ".crt", "-days", "2",
+             "-extfile", ext_file},
+            log);
+  };
+  make_ca("ca", "ctorchrun-test-ca");
+  make_ca("other-ca", "ctorchrun-test-other-ca");
+  // etcd's gateway presents the server certificate to etcd's own gRPC
+  // server, which checks it as a client certificate under --client-cert-auth.
+  make_leaf("server", "127.0.0.1",
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+            "extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:127.0.0.1\n");
+  make_leaf("client", "ctorchrun-test-client",
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+            "extendedKeyUsage=clientAuth\n");
+  TestCertificates c;
+  c.ca = dir + "/ca.crt";
+  c.server_cert = dir + "/server.crt";
+  c.server_key = dir + "/server.key";
+  c.client_cert = dir + "/client.crt";
+  c.client_key = dir + "/client.key";
+  c.other_ca = dir + "/other-ca.crt";
+  return c;
+}
+
+EtcdCluster::EtcdCluster(int members, std::chrono::milliseconds ready_timeout, Tls tls)
+    : tls_(tls) {
   if (members < 1) throw std::invalid_argument("an etcd cluster needs a member");
   if (::access(kEtcdBinary, X_OK) != 0)
     throw std::runtime_error(std::string(kEtcdBinary) +
                              " not found: install etcd-server (scripts/setup.sh)");
   dir_ = make_temp_dir();
+  if (tls_ == Tls::kOn) {
+    try {
+      certs_ = make_test_certificates(dir_);
+    } catch (...) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+      throw;
+    }
+  }
   members_.resize(static_cast<std::size_t>(members));
   std::string why;
   constexpr int kAttempts = 3;
@@ -138,34 +232,40 @@ bool EtcdCluster::start_all(std::chrono::milliseconds ready_timeout, std::string
   for (int i = 0; i < n; ++i) {
     auto& m = members_[i];
     const std::string data = dir_ + "/" + m.name + "-" + token_ + ".etcd";
-    m.pid = spawn({kEtcdBinary,
-                   "--name",
-                   m.name,
-                   "--data-dir",
-                   data,
-                   "--listen-client-urls",
-                   url(m.client_port),
-                   "--advertise-client-urls",
-                   url(m.client_port),
-                   "--listen-peer-urls",
-                   url(m.peer_port),
-                   "--initial-advertise-peer-urls",
-                   url(m.peer_port),
-                   "--initial-cluster",
-                   initial_cluster,
-                   "--initial-cluster-state",
-                   "new",
-                   "--initial-cluster-token",
-                   token_,
-                   "--heartbeat-interval",
-                   "50",
-                   "--election-timeout",
-                   "500",
-                   "--logger",
-                   "zap",
-                   "--log-level",
-                   "warn"},
-                  m.log_path);
+    std::vector<std::string> tls_args;
+    if (tls()) {
+      tls_args = {"--cert-file",       certs_.server_cert, "--key-file",        certs_.server_key,
+                  "--trusted-ca-file", certs_.ca,          "--client-cert-auth"};
+    }
+    std::vector<std::string> argv = {kEtcdBinary,
+                                     "--name",
+                                     m.name,
+                                     "--data-dir",
+                                     data,
+                                     "--listen-client-urls",
+                                     url(m.client_port, tls()),
+                                     "--advertise-client-urls",
+                                     url(m.client_port, tls()),
+                                     "--listen-peer-urls",
+                                     url(m.peer_port),
+                                     "--initial-advertise-peer-urls",
+                                     url(m.peer_port),
+                                     "--initial-cluster",
+                                     initial_cluster,
+                                     "--initial-cluster-state",
+                                     "new",
+                                     "--initial-cluster-token",
+                                     token_,
+                                     "--heartbeat-interval",
+                                     "50",
+                                     "--election-timeout",
+                                     "500",
+                                     "--logger",
+                                     "zap",
+                                     "--log-level",
+                                     "warn"};
+    argv.insert(argv.end(), tls_args.begin(), tls_args.end());
+    m.pid = spawn(argv, m.log_path);
   }
   // Ready: every member reports a leader, and a write through each succeeds.
   const auto deadline = Clock::now() + ready_timeout;
@@ -181,7 +281,7 @@ bool EtcdCluster::start_all(std::chrono::milliseconds ready_timeout, std::string
         return false;
       }
       try {
-        etcd::EtcdClient probe({client_endpoint(i)}, std::chrono::milliseconds(500));
+        etcd::EtcdClient probe({client_endpoint(i)}, std::chrono::milliseconds(500), client_tls());
         if (probe.member_status(client_endpoint(i)).leader_id == 0) continue;
         probe.put("__ctorchrun_test_ready", "1");
         ready[i] = true;
@@ -205,6 +305,18 @@ std::string EtcdCluster::client_endpoint(int i) const {
   return "127.0.0.1:" + std::to_string(members_[i].client_port);
 }
 
+std::string EtcdCluster::client_url(int i) const { return url(members_[i].client_port, tls()); }
+
+etcd::EtcdTls EtcdCluster::client_tls() const {
+  etcd::EtcdTls t;
+  if (!tls()) return t;
+  t.enabled = true;
+  t.ca_file = certs_.ca;
+  t.cert_file = certs_.client_cert;
+  t.key_file = certs_.client_key;
+  return t;
+}
+
 std::vector<std::string> EtcdCluster::client_endpoints() const {
   std::vector<std::string> out;
   for (int i = 0; i < size(); ++i) out.push_back(client_endpoint(i));
@@ -218,7 +330,7 @@ int EtcdCluster::leader(std::chrono::milliseconds timeout) const {
     for (int i = 0; i < size(); ++i) {
       if (!alive(i)) continue;
       try {
-        etcd::EtcdClient probe({client_endpoint(i)}, std::chrono::milliseconds(500));
+        etcd::EtcdClient probe({client_endpoint(i)}, std::chrono::milliseconds(500), client_tls());
         const auto st = probe.member_status(client_endpoint(i));
         if (st.leader_id == 0) continue;
         if (st.leader_id == st.member_id) return i;

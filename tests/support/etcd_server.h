@@ -16,6 +16,11 @@
 // with PR_SET_PDEATHSIG, so a test runner that dies leaves none behind; the
 // destructor stops them (SIGTERM, then SIGKILL after a grace period) and
 // reaps them, also when a test fails.
+//
+// With Tls::kOn the members serve clients over https only, demanding a client
+// certificate (--client-cert-auth); peers stay on http. The certificates are
+// made with /usr/bin/openssl in the cluster's directory (see
+// make_test_certificates); client_tls() is what a client needs to reach them.
 
 #include <sys/types.h>
 
@@ -23,15 +28,35 @@
 #include <string>
 #include <vector>
 
+#include "etcd/client.h"
+
 namespace ctorchrun::testing {
+
+// PEM files of a test PKI (all under one directory, keys unencrypted).
+struct TestCertificates {
+  std::string ca;           // the CA that signs the rest
+  std::string server_cert;  // for 127.0.0.1 (IP SAN only), server and client auth
+  std::string server_key;
+  std::string client_cert;  // CN=ctorchrun-test-client, client auth
+  std::string client_key;
+  std::string other_ca;  // an unrelated CA, which trusts none of the above
+};
+
+// Makes a CA, a server and a client certificate (EC P-256, valid two days)
+// and an unrelated CA in `dir` with /usr/bin/openssl. Throws
+// std::runtime_error with openssl's output when it fails.
+TestCertificates make_test_certificates(const std::string& dir);
 
 class EtcdCluster {
  public:
   static constexpr const char* kEtcdBinary = "/usr/bin/etcd";
+  static constexpr const char* kOpensslBinary = "/usr/bin/openssl";
   static constexpr std::chrono::milliseconds kStopGrace{1000};
+  enum class Tls { kOff, kOn };
 
   explicit EtcdCluster(int members = 1,
-                       std::chrono::milliseconds ready_timeout = std::chrono::seconds(30));
+                       std::chrono::milliseconds ready_timeout = std::chrono::seconds(30),
+                       Tls tls = Tls::kOff);
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
@@ -40,6 +65,14 @@ class EtcdCluster {
   // "127.0.0.1:PORT" of member i's client URL.
   std::string client_endpoint(int i) const;
   std::vector<std::string> client_endpoints() const;
+  // "http://127.0.0.1:PORT" or "https://127.0.0.1:PORT".
+  std::string client_url(int i) const;
+  bool tls() const { return tls_ == Tls::kOn; }
+  // The test PKI (Tls::kOn only).
+  const TestCertificates& certificates() const { return certs_; }
+  // What a client needs: TLS with the test CA and the client certificate
+  // under Tls::kOn; plain http otherwise.
+  etcd::EtcdTls client_tls() const;
   bool alive(int i) const { return members_[i].pid > 0; }
   pid_t pid(int i) const { return members_[i].pid; }
 
@@ -67,6 +100,8 @@ class EtcdCluster {
 
   std::string dir_;
   std::string token_;
+  Tls tls_ = Tls::kOff;
+  TestCertificates certs_;
   std::vector<Member> members_;
 };
 
