@@ -477,12 +477,46 @@ std::string EtcdStore::compare_set(const std::string& key, const std::string& ex
   return current ? std::move(current->value) : desired;
 }
 
+std::unique_ptr<Watch> EtcdStore::take_parked(const std::string& full_key) const {
+  std::lock_guard<std::mutex> lock(parked_mutex_);
+  if (!parked_ || parked_key_ != full_key) return nullptr;
+  return std::move(parked_);
+}
+
+void EtcdStore::park(const std::string& full_key, std::unique_ptr<Watch> watch) const {
+  std::lock_guard<std::mutex> lock(parked_mutex_);
+  parked_key_ = full_key;
+  parked_ = std::move(watch);
+}
+
 void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   if (keys.empty()) return;
   const auto deadline = Clock::now() + timeout;
   std::vector<std::string> full;
   full.reserve(keys.size());
   for (const auto& k : keys) full.push_back(prefix_ + k);
+  if (full.size() == 1) {
+    // The previous wait on this key timed out: its watch goes on from
+    // where it was (no read, no new stream), as one longer wait would.
+    if (std::unique_ptr<Watch> watch = take_parked(full[0])) {
+      std::optional<WatchEvent> e;
+      try {
+        for (int i = 0; i < 1'000'000; ++i) {
+          e = next_event(*watch, deadline, client_->read_timeout());
+          if (!e || (e->type == WatchEvent::Type::kPut && e->kv.key == full[0])) break;
+        }
+      } catch (const Error&) {
+        // Compacted, or the stream is not back: read and watch afresh.
+        watch.reset();
+      }
+      if (watch) {
+        if (e && e->type == WatchEvent::Type::kPut) return;
+        park(full[0], std::move(watch));
+        throw TimeoutError("wait for keys " + key_list({keys[0]}) + " on " + where() +
+                           " timed out after " + format_duration(timeout));
+      }
+    }
+  }
   const Snapshot snap = read(full, true);
   std::vector<std::string> missing;
   for (std::size_t i = 0; i < full.size(); ++i) {
@@ -510,6 +544,8 @@ void EtcdStore::wait_missing(std::vector<std::string> missing, std::int64_t revi
         if (!e) {
           std::vector<std::string> names;
           for (const auto& k : left) names.push_back(k.substr(prefix_.size()));
+          // A lone key's watch waits for the next wait on it (wait()).
+          if (missing.size() == 1) park(missing[0], std::move(watch));
           throw TimeoutError("wait for keys " + key_list(names) + " on " + where() +
                              " timed out after " + format_duration(timeout));
         }

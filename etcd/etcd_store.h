@@ -18,7 +18,11 @@
 //    compares that etcd cannot OR in one.)
 //  - wait()/get()/multi_get() read once, and when keys are missing watch them
 //    from the revision after that read: no polling and no lost wake-up (a set
-//    between the read and the watch is replayed by the watch). One missing key
+//    between the read and the watch is replayed by the watch). A wait on one
+//    key that times out keeps its watch for the store's next wait on that
+//    same key, which then neither reads nor opens a stream: consecutive
+//    waits on a key (a caller waiting in slices) behave as one longer wait,
+//    so a set since the first of them counts. One missing key
 //    is watched alone; several through one watch on their longest common
 //    prefix. As torch's TCP store counts a SET seen during a wait, a key set
 //    and deleted again after the read counts as set. When etcd has compacted
@@ -120,6 +124,7 @@
 
 #include "etcd/client.h"
 #include "etcd/lease_keeper.h"
+#include "etcd/watch.h"
 #include "store/store.h"
 
 namespace ctorchrun::etcd {
@@ -216,6 +221,15 @@ class EtcdStore : public store::Store {
 
   mutable std::mutex lease_mutex_;
   std::unique_ptr<LeaseKeeper> keeper_;  // null while unbound
+
+  // The watch of the last single-key wait that timed out, kept for the next
+  // wait on the same key (a caller that waits in slices: one stream, no
+  // reads). One slot; a call takes it out while it uses it.
+  std::unique_ptr<Watch> take_parked(const std::string& full_key) const;
+  void park(const std::string& full_key, std::unique_ptr<Watch> watch) const;
+  mutable std::mutex parked_mutex_;
+  mutable std::string parked_key_;
+  mutable std::unique_ptr<Watch> parked_;
 
   // A random base drawn once per store, and a counter: tally_token().
   std::string tally_token();

@@ -194,8 +194,8 @@ StepError HttpConnection::handshake(const Endpoint& endpoint, Clock::time_point 
       timed_out, n);
   if (timed_out) return {StepError::Kind::kTimeout, "TLS handshake timed out"};
   // A member may close a connection as it stops; one that serves plain http
-  // closes every one this way, hence the hint.
-  if (ec == asio::error::eof || truncated(ec))
+  // closes (or resets) every one this way, hence the hint.
+  if (ec == asio::error::eof || truncated(ec) || ec == asio::error::connection_reset)
     return {StepError::Kind::kConnect,
             "TLS handshake failed: the member closed the connection (does it serve https?)"};
   if (ec) return failure(StepError::Kind::kConnect, "TLS handshake failed", ec);

@@ -288,6 +288,40 @@ TEST_CASE(
   CHECK(client->exchanges() - reads == 2);
 }
 
+TEST_CASE(
+    "EtcdStore: waits on one key in slices go on with one watch: no read after the first, and a "
+    "set between two slices ends the next at once",
+    "[multiproc]") {
+  EtcdCluster cluster(1);
+  auto client = client_of(cluster);
+  auto s = std::make_shared<EtcdStore>(client, "/p/");
+  auto other = store_of(cluster, "/p/");
+  auto slice = [&](const std::string& key) {
+    try {
+      s->wait({key}, 100ms);
+      return true;
+    } catch (const TimeoutError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(key));
+      return false;
+    }
+  };
+  const std::uint64_t before = client->exchanges();
+  CHECK_FALSE(slice("failure"));
+  CHECK(client->exchanges() - before == 1);  // the read; the watch stays
+  for (int i = 0; i < 5; ++i) CHECK_FALSE(slice("failure"));
+  CHECK(client->exchanges() - before == 1);
+  other->set("failure", "x");
+  const auto t0 = Clock::now();
+  CHECK(slice("failure"));
+  CHECK(seconds_since(t0) < 5.0);
+  // Another key reads and watches anew; the first key's watch went with its
+  // success, so the key (now there) is read again.
+  CHECK_FALSE(slice("other"));
+  CHECK(client->exchanges() - before == 2);
+  CHECK(slice("failure"));
+  CHECK(client->exchanges() - before == 3);
+}
+
 TEST_CASE("EtcdStore: bound keys vanish when the holder dies, deleted ones leave a left marker",
           "[multiproc]") {
   EtcdCluster cluster(1);
