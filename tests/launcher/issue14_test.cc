@@ -78,7 +78,7 @@ long long etcd_ranges(const std::string& endpoint) {
 }  // namespace
 
 TEST_CASE(
-    "issue 14: etcd-v3 takes a list of members, etcd and etcd-v2 with a notice; https with "
+    "issue 14: etcd-v3 takes a list of members, etcd and etcd-v2 with a notice, https with "
     "certificates, and the contradictions refused",
     "[unit]") {
   auto r = parse({"--nnodes=1:3", "--rdzv_backend=etcd", "--rdzv_endpoint=h1:2379,h2,[::1]:23",
@@ -552,7 +552,7 @@ TEST_CASE(
 
 TEST_CASE(
     "issue 14: agents on etcd over https with client certificates (--client-cert-auth) run a "
-    "job and finish; a wrong CA ends a node at once with exit 2",
+    "job and finish, and a wrong CA ends a node at once with exit 2",
     "[multiproc]") {
   EtcdCluster etcd(1, 30s, EtcdCluster::Tls::kOn);
   const auto& certs = etcd.certificates();

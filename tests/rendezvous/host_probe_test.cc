@@ -32,7 +32,7 @@ std::unique_ptr<store::TcpStoreServer> server() {
 
 }  // namespace
 
-TEST_CASE("HostProbe: a live server is not gone; its closing is seen at once", "[net]") {
+TEST_CASE("HostProbe: a live server is not gone, and its closing is seen at once", "[net]") {
   auto s = server();
   const auto port = s->port();
   HostProbe p("127.0.0.1", port, 1s);
@@ -43,7 +43,8 @@ TEST_CASE("HostProbe: a live server is not gone; its closing is seen at once", "
   CHECK(p.gone());  // stays gone
 }
 
-TEST_CASE("HostProbe: nothing listening is gone; a name or no answer proves nothing", "[net]") {
+TEST_CASE("HostProbe: nothing listening is gone, while a name or no answer proves nothing",
+          "[net]") {
   auto s = server();
   const auto port = s->port();
   s.reset();
