@@ -839,6 +839,14 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
   mo.membership = info_.check_membership;
   // Elastic: the store is lost when unreachable for as long as a node is
   // dead when silent, so a cut-off node and its survivors decide alike.
+  if (info_.liveness_window && mo.keep_alive_interval.count() > 0) {
+    // Heartbeats back the rendezvous's own loss detection up: dead only
+    // after the window it asks for.
+    const auto per = mo.keep_alive_interval.count();
+    const auto attempts = (info_.liveness_window->count() + per - 1) / per;
+    mo.keep_alive_max_attempt =
+        std::max(mo.keep_alive_max_attempt, static_cast<int>(std::min<long long>(attempts, 1000)));
+  }
   if (elastic()) mo.store_grace = info_.store_grace.value_or(mo.liveness_window());
   monitor_window_ = mo.liveness_window();
   monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });

@@ -442,7 +442,10 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   info.store_endpoint = endpoint_;
   // etcd fails over between its members: only read_timeout without an answer
   // ends the job.
-  if (!options_.etcd_endpoints.empty()) info.store_grace = options_.read_timeout;
+  if (!options_.etcd_endpoints.empty()) {
+    info.store_grace = options_.read_timeout;
+    info.liveness_window = lease_ttl_ + options_.read_timeout;
+  }
 
   // This member's presence: a key bound to a connection of its own, so that
   // it vanishes with this agent (store/protocol.h's BIND_KEYS). A store

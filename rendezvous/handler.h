@@ -77,6 +77,12 @@ struct RendezvousInfo {
   // How long the agents' store may not answer before the job ends; unset:
   // the liveness window (a store that fails over, etcd, sets more).
   std::optional<std::chrono::milliseconds> store_grace;
+  // How long a node's heartbeats may stay silent before it counts dead;
+  // unset: keep_alive_interval x keep_alive_max_attempt. Under etcd a lost
+  // node's lease tells first, and heartbeats that a hung etcd member delays
+  // must not tell otherwise: the handler sets more (the lease's TTL plus
+  // read_timeout).
+  std::optional<std::chrono::milliseconds> liveness_window;
   // This node's workers of `attempt` succeeded: no admission re-forms the
   // round in that attempt (false: one already does), and this node's
   // presence is withdrawn (it is done; its exit is no loss).
