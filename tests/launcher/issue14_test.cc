@@ -57,6 +57,27 @@ struct EtcdJob {
   }
   std::string seen(const std::string& name) const { return d.file("seen_" + name); }
   void stop() const { std::ofstream(d.file("stop")).close(); }
+  // The last line name's workers appended ("" before any).
+  std::string last(const std::string& name) const {
+    auto lines = lines_of(seen(name));
+    return lines.empty() ? std::string() : lines.back();
+  }
+  // One agent per name, each with its first worker started.
+  std::vector<std::unique_ptr<Process>> running(const std::vector<std::string>& names) {
+    std::vector<std::unique_ptr<Process>> agents;
+    for (const auto& n : names) agents.push_back(agent(n));
+    for (const auto& n : names) REQUIRE(wait_for_lines(seen(n), 1, 30s));
+    return agents;
+  }
+  // Each agent's exit code (within `limit`), and all their output.
+  static std::pair<std::vector<int>, std::string> ended(
+      const std::vector<std::unique_ptr<Process>>& agents, std::chrono::seconds limit = 30s) {
+    std::vector<int> codes;
+    std::string out;
+    for (const auto& p : agents) codes.push_back(p->exit_code(limit));
+    for (const auto& p : agents) out += p->read_all(1s) + "\n----\n";
+    return {codes, out};
+  }
 };
 
 // etcd's count of the ranges (reads) one member has served, from its metrics.
@@ -224,10 +245,7 @@ TEST_CASE(
   EtcdCluster etcd(3);
   EtcdJob job(etcd);
   job.nnodes = "3:3";
-  auto a = job.agent("a");
-  auto b = job.agent("b");
-  auto c = job.agent("c");
-  for (const char* n : {"a", "b", "c"}) REQUIRE(wait_for_lines(job.seen(n), 1, 30s));
+  auto agents = job.running({"a", "b", "c"});
   const int leader = etcd.leader();
   REQUIRE(leader >= 0);
   etcd.kill(leader);
@@ -235,12 +253,9 @@ TEST_CASE(
   std::this_thread::sleep_for(6s);
   for (const char* n : {"a", "b", "c"}) CHECK(lines_of(job.seen(n)).size() == 1);
   job.stop();
-  int rca = a->exit_code(30s), rcb = b->exit_code(30s), rcc = c->exit_code(30s);
-  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s) + "\n----\n" + c->read_all(1s);
+  auto [codes, out] = EtcdJob::ended(agents);
   INFO(out);
-  CHECK(rca == 0);
-  CHECK(rcb == 0);
-  CHECK(rcc == 0);
+  CHECK(codes == std::vector<int>{0, 0, 0});
   CHECK_FALSE(contains(out, "gives way"));
 }
 
@@ -251,10 +266,7 @@ TEST_CASE(
   EtcdCluster etcd(3);
   EtcdJob job(etcd);
   job.nnodes = "2:2";
-  auto a = job.agent("a");
-  auto b = job.agent("b");
-  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
-  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  auto agents = job.running({"a", "b"});
   // Every client starts with the first endpoint: it stops answering, with
   // its connections open (no reset, no EOF), as a hung machine would.
   REQUIRE(::kill(etcd.pid(0), SIGSTOP) == 0);
@@ -264,11 +276,9 @@ TEST_CASE(
   CHECK(lines_of(job.seen("a")).size() == 1);
   CHECK(lines_of(job.seen("b")).size() == 1);
   job.stop();
-  int rca = a->exit_code(30s), rcb = b->exit_code(30s);
-  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
+  auto [codes, out] = EtcdJob::ended(agents);
   INFO(out);
-  CHECK(rca == 0);
-  CHECK(rcb == 0);
+  CHECK(codes == std::vector<int>{0, 0});
   CHECK_FALSE(contains(out, "gives way"));
   CHECK_FALSE(contains(out, "lost node"));
 }
@@ -318,18 +328,14 @@ TEST_CASE(
       "read_timeout=5";
   auto a = job.agent("a");
   auto b = job.agent("b");
-  auto last = [&](const std::string& n) {
-    auto lines = lines_of(job.seen(n));
-    return lines.empty() ? std::string() : lines.back();
-  };
   const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while ((last("a").rfind("2 0 ", 0) != 0 || last("b").rfind("2 0 ", 0) != 0) &&
+  while ((job.last("a").rfind("2 0 ", 0) != 0 || job.last("b").rfind("2 0 ", 0) != 0) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(100ms);
   }
-  REQUIRE(last("a").rfind("2 0 ", 0) == 0);
-  REQUIRE(last("b").rfind("2 0 ", 0) == 0);
-  const bool a_hosts = last("a") == "2 0 0";
+  REQUIRE(job.last("a").rfind("2 0 ", 0) == 0);
+  REQUIRE(job.last("b").rfind("2 0 ", 0) == 0);
+  const bool a_hosts = job.last("a") == "2 0 0";
   Process& host = a_hosts ? *a : *b;
   Process& survivor = a_hosts ? *b : *a;
   const std::string survivor_name = a_hosts ? "b" : "a";
@@ -341,7 +347,7 @@ TEST_CASE(
   const std::string out = survivor.read_all(1s);
   INFO(out);
   REQUIRE(again);
-  CHECK(last(survivor_name) == "1 0 0");
+  CHECK(job.last(survivor_name) == "1 0 0");
   CHECK(rc == 0);
   // Not the lease's expiry (10 s), which would say "lost node 0 (agent exited)".
   CHECK(contains(out, "lost node 0 (agent exited: the workers' store it hosted closed)"));
@@ -354,33 +360,24 @@ TEST_CASE(
   EtcdCluster etcd(3);
   EtcdJob job(etcd);
   job.nnodes = "2:2";
-  auto a = job.agent("a");
-  auto b = job.agent("b");
-  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
-  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  auto agents = job.running({"a", "b"});
   for (int i = 0; i < etcd.size(); ++i) REQUIRE(::kill(etcd.pid(i), SIGSTOP) == 0);
   // 3 s: past the leases' TTL (2 s), short of read_timeout (5 s).
   std::this_thread::sleep_for(3s);
   for (int i = 0; i < etcd.size(); ++i) ::kill(etcd.pid(i), SIGCONT);
   // Whatever etcd did with the leases, the job runs again at world 2.
   const auto deadline = std::chrono::steady_clock::now() + 30s;
-  auto last = [&](const std::string& n) {
-    auto lines = lines_of(job.seen(n));
-    return lines.empty() ? std::string() : lines.back();
-  };
   std::this_thread::sleep_for(4s);
-  while ((last("a").rfind("2 0 ", 0) != 0 || last("b").rfind("2 0 ", 0) != 0) &&
+  while ((job.last("a").rfind("2 0 ", 0) != 0 || job.last("b").rfind("2 0 ", 0) != 0) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(100ms);
   }
   job.stop();
-  int rca = a->exit_code(30s), rcb = b->exit_code(30s);
-  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
+  auto [codes, out] = EtcdJob::ended(agents);
   INFO(out);
-  CHECK(last("a").rfind("2 0 ", 0) == 0);
-  CHECK(last("b").rfind("2 0 ", 0) == 0);
-  CHECK(rca == 0);
-  CHECK(rcb == 0);
+  CHECK(job.last("a").rfind("2 0 ", 0) == 0);
+  CHECK(job.last("b").rfind("2 0 ", 0) == 0);
+  CHECK(codes == std::vector<int>{0, 0});
 }
 
 TEST_CASE(
@@ -426,14 +423,10 @@ TEST_CASE(
   std::map<std::string, std::unique_ptr<Process>> agents;
   for (const char* n : {"a", "b", "c"}) agents[n] = job.agent(n);
   // All three in one round (a round of two admits the third, re-forming).
-  auto last = [&](const std::string& n) {
-    auto lines = lines_of(job.seen(n));
-    return lines.empty() ? std::string() : lines.back();
-  };
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   auto all_three = [&] {
     for (const char* n : {"a", "b", "c"}) {
-      if (last(n).rfind("3 0 ", 0) != 0) return false;
+      if (job.last(n).rfind("3 0 ", 0) != 0) return false;
     }
     return true;
   };
@@ -444,7 +437,7 @@ TEST_CASE(
   // A node that does not host the workers' store (group rank 0 does).
   std::string victim;
   for (const char* n : {"a", "b", "c"}) {
-    if (last(n) != "3 0 0") victim = n;
+    if (job.last(n) != "3 0 0") victim = n;
   }
   REQUIRE_FALSE(victim.empty());
   std::map<std::string, size_t> before;
@@ -455,7 +448,7 @@ TEST_CASE(
     if (n == victim) continue;
     REQUIRE(wait_for_lines(job.seen(n), before[n] + 1, 20s));
     // World 2, no restart charged.
-    CHECK(last(n).rfind("2 0 ", 0) == 0);
+    CHECK(job.last(n).rfind("2 0 ", 0) == 0);
   }
   job.stop();
   for (const char* n : {"a", "b", "c"}) {
@@ -475,18 +468,13 @@ TEST_CASE(
   EtcdCluster etcd(3);
   EtcdJob job(etcd);
   job.nnodes = "2:2";
-  auto a = job.agent("a");
-  auto b = job.agent("b");
-  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
-  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  auto agents = job.running({"a", "b"});
   for (int i = 0; i < etcd.size(); ++i) etcd.kill(i);
   const auto t0 = std::chrono::steady_clock::now();
-  int rca = a->exit_code(60s), rcb = b->exit_code(60s);
+  auto [codes, out] = EtcdJob::ended(agents, 60s);
   const auto took = std::chrono::steady_clock::now() - t0;
-  std::string out = a->read_all(1s) + "\n----\n" + b->read_all(1s);
   INFO(out);
-  CHECK(rca == 3);
-  CHECK(rcb == 3);
+  CHECK(codes == std::vector<int>{3, 3});
   for (int i = 0; i < etcd.size(); ++i) CHECK(contains(out, etcd.client_endpoint(i)));
   CHECK(took < 30s);  // read_timeout 5 s plus the workers' stop
 }
