@@ -20,6 +20,11 @@ in other process groups than their agent's).
       pid, everything it started; returns T0 and what survived 2 s.
   stop_all(tag, agents, stop_file)  stop file, SIGTERM, SIGKILL after 15 s;
       returns the pids left.
+  end_run(tag, res, agents, stop_file, keep_logs, label)  stop_all, the
+      pids left noted in res, the agents' logs kept when asked.
+  alternate(launchers, runs, measure, results)  runs with the launchers'
+      order alternating, each result printed as JSON.
+  end_harness(tag, top)  kill_leftovers, its summary line, top removed.
   kill_leftovers(tag)  SIGKILL to whatever of the harness is still alive
       (pgrep -f rdzv_id=<tag>, and the tag in /proc/*/environ); returns the
       pids.
@@ -30,9 +35,11 @@ in other process groups than their agent's).
   load  /proc reads.
   EtcdCluster(work, n, tag)  n etcd members on 127.0.0.1 (leader, kill, stop).
 """
+import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -348,6 +355,43 @@ def stop_all(tag, agents, stop_file):
             left.append(a.proc.pid)
         a.log.close()
     return left
+
+
+def end_run(tag, res, agents, stop_file, keep_logs=None, label=""):
+    """A run's end: stop_all, the pids left noted in res["left_after_stop"],
+    and the agents' logs copied to keep_logs/label when asked."""
+    left = stop_all(tag, agents, stop_file)
+    if left:
+        res["left_after_stop"] = left
+    if keep_logs:
+        dest = os.path.join(keep_logs, label)
+        os.makedirs(dest, exist_ok=True)
+        for a in agents:
+            if a is not None and os.path.exists(a.log_path):
+                shutil.copy(a.log_path, dest)
+
+
+def alternate(launchers, runs, measure, results):
+    """measure(launcher, run) for runs 1..runs, the launchers in order on odd
+    runs and reversed on even ones (machine noise hits both alike); each
+    result appended to results and printed as one JSON line."""
+    order = list(launchers)
+    for run in range(1, runs + 1):
+        for launcher in (order if run % 2 else order[::-1]):
+            r = measure(launcher, run)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+
+
+def end_harness(tag, top):
+    """The harness's end: kill_leftovers, the line that says what was left,
+    and top (the harness's temporary directory) removed. Returns the pids."""
+    tag = as_tag(tag)
+    orphans = kill_leftovers(tag)
+    print(f"# leftover processes after the runs: {orphans if orphans else 'none'} "
+          f"(pgrep -f rdzv_id={tag.value} and /proc/*/environ {tag.var})", flush=True)
+    shutil.rmtree(top, ignore_errors=True)
+    return orphans
 
 
 def kill_leftovers(tag):

@@ -41,10 +41,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 exec /usr/bin/python3 - "$@" <<'PY'
 import argparse
-import json
 import os
 import random
-import shutil
 import statistics
 import sys
 import tempfile
@@ -167,15 +165,7 @@ def measure(launcher, run):
                 return res
             time.sleep(0.02)
     finally:
-        left = bp.stop_all(tag, [a1, a2], stop_file)
-        if left:
-            res["left_after_stop"] = left
-        if args.keep_logs:
-            dest = os.path.join(args.keep_logs, f"{launcher}-{run}")
-            os.makedirs(dest, exist_ok=True)
-            for name in ("agent1.log", "agent2.log"):
-                if os.path.exists(os.path.join(work, name)):
-                    shutil.copy(os.path.join(work, name), dest)
+        bp.end_run(tag, res, [a1, a2], stop_file, args.keep_logs, f"{launcher}-{run}")
 
 
 results = []
@@ -186,19 +176,11 @@ try:
           f"deadline {args.deadline:g} s", flush=True)
     for name, path in launchers.items():
         print(f"# {name}: {path}", flush=True)
-    order = list(launchers)
-    for run in range(1, args.runs + 1):
-        for launcher in (order if run % 2 else order[::-1]):
-            r = measure(launcher, run)
-            results.append(r)
-            print(json.dumps(r), flush=True)
+    bp.alternate(launchers, args.runs, measure, results)
 finally:
     # Nothing of ours may outlive the harness: agents carry the tag in their
     # --rdzv_id, workers in their environment.
-    orphans = bp.kill_leftovers(tag)
-    print(f"# leftover processes after the runs: {orphans if orphans else 'none'} "
-          f"(pgrep -f rdzv_id={tag} and /proc/*/environ CJB_TAG)", flush=True)
-    shutil.rmtree(top, ignore_errors=True)
+    orphans = bp.end_harness(tag, top)
     if args.keep_logs:
         print(f"# logs in {args.keep_logs}", flush=True)
 

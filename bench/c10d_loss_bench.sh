@@ -52,11 +52,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 exec /usr/bin/python3 - "$@" <<'PY'
 import argparse
-import json
 import os
 import random
 import re
-import shutil
 import statistics
 import sys
 import tempfile
@@ -197,15 +195,7 @@ def measure(launcher, run):
         res["agent1_notes_after_loss"] = [e[1] for e in a1.events[seen:] if e[0] == "note"][:20]
         return res
     finally:
-        left = bp.stop_all(tag, [a1, a2], stop_file)
-        if left:
-            res["left_after_stop"] = left
-        if args.keep_logs:
-            dest = os.path.join(args.keep_logs, f"{launcher}-{run}")
-            os.makedirs(dest, exist_ok=True)
-            for name in ("agent1.log", "agent2.log"):
-                if os.path.exists(os.path.join(work, name)):
-                    shutil.copy(os.path.join(work, name), dest)
+        bp.end_run(tag, res, [a1, a2], stop_file, args.keep_logs, f"{launcher}-{run}")
 
 
 results = []
@@ -216,19 +206,11 @@ try:
           f"deadline {args.deadline:g} s", flush=True)
     for name, path in launchers.items():
         print(f"# {name}: {path}", flush=True)
-    order = list(launchers)
-    for run in range(1, args.runs + 1):
-        for launcher in (order if run % 2 else order[::-1]):
-            r = measure(launcher, run)
-            results.append(r)
-            print(json.dumps(r), flush=True)
+    bp.alternate(launchers, args.runs, measure, results)
 finally:
     # Nothing of ours may outlive the harness: agents carry the tag in their
     # --rdzv_id, everything they start in its environment.
-    orphans = bp.kill_leftovers(tag)
-    print(f"# leftover processes after the runs: {orphans if orphans else 'none'} "
-          f"(pgrep -f rdzv_id={tag} and /proc/*/environ CLB_TAG)", flush=True)
-    shutil.rmtree(top, ignore_errors=True)
+    orphans = bp.end_harness(tag, top)
     if args.keep_logs:
         print(f"# logs in {args.keep_logs}", flush=True)
 

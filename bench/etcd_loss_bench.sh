@@ -63,7 +63,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -185,15 +184,7 @@ def listening_ports(pids):
 
 
 def finish(res, agents, stop_file, work, label):
-    left = bp.stop_all(tag, agents, stop_file)
-    if left:
-        res["left_after_stop"] = left
-    if args.keep_logs:
-        dest = os.path.join(args.keep_logs, label)
-        os.makedirs(dest, exist_ok=True)
-        for a in agents:
-            if a is not None and os.path.exists(a.log_path):
-                shutil.copy(a.log_path, dest)
+    bp.end_run(tag, res, agents, stop_file, args.keep_logs, label)
 
 
 LOG_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{3})\]")
@@ -496,12 +487,8 @@ try:
         os.makedirs(work)
         cluster = new_cluster(work)
         print(f"# host-loss: etcd members {','.join(cluster.endpoints)}", flush=True)
-        order = ["ctorchrun", "torchrun"]
-        for run in range(1, args.runs + 1):
-            for launcher in (order if run % 2 else order[::-1]):
-                r = host_loss(launcher, run, cluster)
-                results.append(r)
-                print(json.dumps(r), flush=True)
+        bp.alternate(["ctorchrun", "torchrun"], args.runs,
+                     lambda launcher, run: host_loss(launcher, run, cluster), results)
         cluster.stop()
     if args.only != "host-loss":
         for run in range(1, args.runs + 1):
@@ -514,10 +501,7 @@ finally:
         c.stop()
     # Nothing of ours may outlive the harness: agents carry the tag in their
     # --rdzv_id, everything started in its environment (etcd members too).
-    orphans = bp.kill_leftovers(tag)
-    print(f"# leftover processes after the runs: {orphans if orphans else 'none'} "
-          f"(pgrep -f rdzv_id={tag} and /proc/*/environ {bp.TAG_VAR})", flush=True)
-    shutil.rmtree(top, ignore_errors=True)
+    orphans = bp.end_harness(tag, top)
 
 print(f"# load average at the end {bp.load()}")
 host = [r for r in results if r["bench"] == "host-loss"]
