@@ -294,25 +294,26 @@ std::string rdzv_conf_help() {
                   type_text(k.type), range_text(k).c_str(), k.default_text, k.backends, k.help);
     out += line;
   }
-  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "etcd_prefix", "text",
-                "starts with /", "/ctorchrun", "etcd-v3", "where the rendezvous keys live in etcd");
-  out += line;
-  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "protocol", "text",
-                "http, https", "from the endpoints", "etcd-v3",
-                "https: TLS with the members (as https:// endpoints do)");
-  out += line;
-  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "cacert", "path",
-                "a PEM file", "system trust store", "etcd-v3",
-                "CA of the members' certificates (also ca_cert)");
-  out += line;
-  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "cert", "path",
-                "a PEM file", "none", "etcd-v3",
-                "client certificate for mutual TLS, with key (also ssl_cert)");
-  out += line;
-  std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "key", "path",
-                "a PEM file", "none", "etcd-v3",
-                "the client certificate's key (also ssl_cert_key)");
-  out += line;
+  // The text keys of the etcd backend (read by the CLI, not in the table).
+  struct TextRow {
+    const char *name, *type, *range, *default_text, *help;
+  };
+  static const TextRow text_rows[] = {
+      {"etcd_prefix", "text", "starts with /", "/ctorchrun",
+       "where the rendezvous keys live in etcd"},
+      {"protocol", "text", "http, https", "from the endpoints",
+       "https: TLS with the members (as https:// endpoints do)"},
+      {"cacert", "path", "a PEM file", "system trust store",
+       "CA of the members' certificates (also ca_cert)"},
+      {"cert", "path", "a PEM file", "none",
+       "client certificate for mutual TLS, with key (also ssl_cert)"},
+      {"key", "path", "a PEM file", "none", "the client certificate's key (also ssl_cert_key)"},
+  };
+  for (const auto& r : text_rows) {
+    std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", r.name, r.type, r.range,
+                  r.default_text, "etcd-v3", r.help);
+    out += line;
+  }
   return out;
 }
 
