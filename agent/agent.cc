@@ -233,10 +233,17 @@ class ElasticAgent::Impl {
   // kFailed: a failure of this attempt appeared (restart); kReform: the round
   // gives way.
   Barrier exit_barrier(int attempt);
+  Barrier await_exit_barrier(int attempt);
+  // "the rendezvous store at the endpoint H:P" (elastic) or "the job's store
+  // at H:P": the store the agents share, for messages.
+  std::string agents_store() const;
   std::string node_list(const std::vector<int>& nodes) const;
   // On the store host: waits until every other live node has left.
   void leave_last();
-  void leave();
+  // This node leaves the job: withdraws its presence and tells the others.
+  // `departing`: it leaves a running job on purpose (a signal), so that the
+  // others re-form without it; otherwise the job ended here.
+  void leave(bool departing = false);
   // False for a temporary log directory that holds no file with content.
   bool logs_worth_keeping() const;
   // Removes a temporary log directory that holds no file with content; the
@@ -268,6 +275,9 @@ class ElasticAgent::Impl {
   std::mutex phase_mutex_;
   bool workers_running_ = false;
   std::atomic<int> pending_signal_{0};
+  // The agents' store failed after this node's workers succeeded: the
+  // leaving steps that need it are skipped.
+  bool store_failed_ = false;
 };
 
 void ElasticAgent::Impl::on_signal(int sig) {
@@ -280,6 +290,9 @@ void ElasticAgent::Impl::on_signal(int sig) {
   }
   // Nothing of ours runs: leave at once (the store, if we host it, goes with us).
   log_->warn("received {} while no workers run; exiting with {}", signal_name(sig), 128 + sig);
+  // Whatever holds this node's place (an etcd lease) goes now, so that a
+  // round forming or running does not wait for it.
+  rdzv_.abandon();
   events_.emit("finished", attempt_, {{"exit_code", 128 + sig}, {"signal", signal_name(sig)}});
   if (std::string kept = tidy_log_dir(); !kept.empty()) log_->info("logs kept in {}", kept);
   worker::Console::flush(worker::Console::kExitStall);
@@ -403,10 +416,12 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
     check_monitor();
     if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
     if ((change_ = round_change(attempt))) return WatchResult::kReform;
-    if (monitor_->store_lost() || !monitor_->dead_nodes().empty()) {
-      return WatchResult::kJobBroken;
-    }
-    if (auto gone = monitor_->departed_nodes(); !gone.empty()) {
+    if (monitor_->store_lost()) return WatchResult::kJobBroken;
+    // Elastic: a dead or departed node re-forms the round (round_change
+    // above, tried again on every pass while the store does not answer); only
+    // the store's own loss ends the job.
+    if (!elastic() && !monitor_->dead_nodes().empty()) return WatchResult::kJobBroken;
+    if (auto gone = monitor_->departed_nodes(); !elastic() && !gone.empty()) {
       // A node whose workers of this attempt succeeded may leave after its
       // exit barrier (liveness unknown too long): this node's workers go on.
       auto finished = node_set(keys::finished(attempt));
@@ -461,10 +476,7 @@ void ElasticAgent::Impl::check_job_alive(const char* what) {
   check_monitor();
   if (monitor_->store_lost()) {
     const std::string where =
-        info_.store_endpoint.empty()
-            ? "the job's store at " + info_.master_addr + ":" + std::to_string(info_.master_port)
-            : "the rendezvous store at the endpoint " + info_.store_endpoint +
-                  " (its host is gone or unreachable)";
+        agents_store() + (info_.store_endpoint.empty() ? "" : " (its host is gone or unreachable)");
     throw JobEnd{kRendezvous, "lost " + where + " while " + what + ": " + monitor_->store_error()};
   }
   auto dead = monitor_->dead_nodes();
@@ -473,7 +485,8 @@ void ElasticAgent::Impl::check_job_alive(const char* what) {
     throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
                                   info_.nodes[static_cast<size_t>(n)].host +
                                   ") stopped responding while " + what +
-                                  "; a static job cannot go on without it"};
+                                  (elastic() ? "; the round could not be re-formed without it"
+                                             : "; a static job cannot go on without it")};
   }
   auto gone = monitor_->departed_nodes();
   if (!gone.empty()) {
@@ -599,6 +612,28 @@ void ElasticAgent::Impl::sync_after_stop(int attempt, bool final) {
 }
 
 ElasticAgent::Impl::Barrier ElasticAgent::Impl::exit_barrier(int attempt) {
+  try {
+    return await_exit_barrier(attempt);
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error& e) {
+    // This node's workers succeeded; a store that fails now (its host died,
+    // etcd refuses writes) cannot undo that, and no failure elsewhere can
+    // reach this node any more: its exit follows its own outcome.
+    store_failed_ = true;
+    log_->warn("exit barrier: {} failed ({}); this node's workers succeeded", agents_store(),
+               e.what());
+    return Barrier::kPassed;
+  }
+}
+
+std::string ElasticAgent::Impl::agents_store() const {
+  return info_.store_endpoint.empty()
+             ? "the job's store at " + info_.master_addr + ":" + std::to_string(info_.master_port)
+             : "the rendezvous store at the endpoint " + info_.store_endpoint;
+}
+
+ElasticAgent::Impl::Barrier ElasticAgent::Impl::await_exit_barrier(int attempt) {
   // No admission re-forms a round whose workers finish (it would redo work),
   // and this node leaving from now on is no loss. When an admission took the
   // attempt first, the monitor reports the round giving way.
@@ -620,7 +655,8 @@ ElasticAgent::Impl::Barrier ElasticAgent::Impl::exit_barrier(int attempt) {
     if ((change_ = monitor_->membership_change())) return Barrier::kReform;
     check_monitor();
     if (monitor_->store_lost()) {
-      log_->warn("exit barrier: lost the job's store ({}); this node's workers succeeded",
+      store_failed_ = true;
+      log_->warn("exit barrier: lost {} ({}); this node's workers succeeded", agents_store(),
                  monitor_->store_error());
       return Barrier::kPassed;
     }
@@ -693,11 +729,15 @@ void ElasticAgent::Impl::leave_last() {
   }
 }
 
-void ElasticAgent::Impl::leave() {
+void ElasticAgent::Impl::leave(bool departing) {
   // A store that is lost cannot hear it; each call would only wait out its
   // timeout.
   if (monitor_ && monitor_->store_lost()) return;
-  if (info_.withdraw) info_.withdraw();
+  if (departing && info_.depart) {
+    info_.depart();
+  } else if (info_.withdraw) {
+    info_.withdraw();
+  }
   if (!info_.store) return;
   try {
     info_.store->set(keys::gone(info_.group_rank), "1");
@@ -996,15 +1036,27 @@ ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
 std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome& out) {
   switch (out.kind) {
     case AttemptOutcome::kSucceeded:
+      if (store_failed_) {
+        log_->info("this node's workers succeeded; exiting 0");
+        return finish(0, "");
+      }
       log_->info("all workers of the job succeeded; exiting 0");
-      if (info_.close) info_.close("succeeded");
-      leave();
-      leave_last();
+      try {
+        if (info_.close) info_.close("succeeded");
+        leave();
+        leave_last();
+      } catch (const InternalError&) {
+        throw;
+      } catch (const Error& e) {
+        log_->warn("could not tell the other nodes that this one leaves ({}: {})", agents_store(),
+                   e.what());
+        return finish(0, "");
+      }
       if (info_.tidy && info_.store_host.value_or(false)) info_.tidy();
       return finish(0, "");
     case AttemptOutcome::kSignal:
       stop_workers(out.signal, k);
-      leave();
+      leave(true);
       return finish(128 + out.signal, "stopped by " + signal_name(out.signal));
     case AttemptOutcome::kJobBroken:
       stop_workers(SIGTERM, k);
@@ -1021,7 +1073,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
                {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
   stop_workers(SIGTERM, k);
   if (int sig = pending_signal_) {
-    leave();
+    leave(true);
     return finish(128 + sig, "stopped by " + signal_name(sig));
   }
   const bool final = k >= c_.max_restarts;

@@ -80,7 +80,25 @@ milliseconds wait_slice(milliseconds poll_interval, milliseconds until_last_call
 
 C10dHandler::C10dHandler(C10dOptions options) : options_(std::move(options)) {}
 
-C10dHandler::~C10dHandler() = default;
+C10dHandler::~C10dHandler() {
+  // Leaving by any path: the presence lease goes now, not at its expiry (its
+  // keys were withdrawn on purpose already where that mattered).
+  abandon();
+}
+
+void C10dHandler::abandon() noexcept {
+  if (!etcd_presence_) return;
+  try {
+    const std::int64_t lease = etcd_presence_->lease_id();
+    if (lease == 0) return;
+    // A client of its own with a short timeout: the agent's may be busy or
+    // waiting on a member that does not answer.
+    etcd::EtcdClient quick(options_.etcd_endpoints, milliseconds(2'000), options_.etcd_tls);
+    quick.lease_revoke(lease);
+  } catch (const std::exception& e) {
+    get_logger("rdzv")->debug("could not revoke this node's etcd lease: {}", e.what());
+  }
+}
 
 void C10dHandler::host_endpoint_if_ours() {
   if (server_ || options_.is_host == false) return;
@@ -470,6 +488,20 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     } catch (const Error&) {
       // The store is gone: nobody is left to mistake this node for lost.
     }
+  };
+
+  info.depart = [open = open_background_, prefix = job_prefix_, g = round.generation,
+                 r = round.round, rank = round.group_rank, withdraw = info.withdraw] {
+    try {
+      // A connection of its own, with a short timeout: the agent's may wait
+      // on a store that no longer answers. Not the presence connection, whose
+      // keys vanish with this agent.
+      auto job = open(prefix, milliseconds(3'000));
+      C10dRoundWatch::leave(*job, g, r, rank);
+    } catch (const Error& e) {
+      get_logger("rdzv")->debug("could not announce leaving round {}: {}", r, e.what());
+    }
+    withdraw();
   };
 
   // The monitor's view of the round: a connection of its own, opened on first

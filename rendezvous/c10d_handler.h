@@ -110,6 +110,8 @@ class C10dHandler : public Handler {
   RendezvousInfo next_rendezvous() override;
   RendezvousInfo next_round(const MembershipChange& change, int attempt) override;
   const std::string& run_id() const override { return options_.run_id; }
+  // etcd-v3: revokes this agent's presence lease (its keys go now).
+  void abandon() noexcept override;
 
   // True when this agent hosts the endpoint's store (after next_rendezvous).
   bool hosts_endpoint() const { return server_ != nullptr; }

@@ -67,6 +67,30 @@ std::string reform_record(const MembershipChange& change) {
       .dump();
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int g : ranks) s += (s.empty() ? "" : ", ") + std::to_string(g);
+  return s;
+}
+
+// The change for members that left on purpose and members lost (their agents
+// exited): "nodes 1, 2 left; lost node 3 (agent exited)".
+MembershipChange gone_change(const std::vector<int>& left, const std::vector<int>& lost) {
+  MembershipChange change;
+  change.lost = left;
+  change.lost.insert(change.lost.end(), lost.begin(), lost.end());
+  std::sort(change.lost.begin(), change.lost.end());
+  change.cause = lost.empty() ? "agent left" : "agent exited";
+  if (!left.empty()) {
+    change.reason = std::string(left.size() == 1 ? "node " : "nodes ") + rank_list(left) + " left";
+  }
+  if (!lost.empty()) {
+    change.reason += (change.reason.empty() ? "" : "; ") + std::string("lost node") +
+                     (lost.size() == 1 ? " " : "s ") + rank_list(lost) + " (agent exited)";
+  }
+  return change;
+}
+
 }  // namespace
 
 std::string C10dState::round_key(int generation, int round, const std::string& what) {
@@ -252,32 +276,61 @@ void C10dState::try_complete() {
   }
   std::sort(back.begin(), back.end());
   std::sort(fresh.begin(), fresh.end());
-  std::vector<std::string> slots;
+  std::vector<std::string> candidates;
   for (const auto* list : {&back, &fresh}) {
-    for (const auto& p : *list) {
-      if (static_cast<int>(slots.size()) >= settings_.max_nodes) break;
-      // A node that entered and died since is found by the members' watch
-      // (its record's gone marker) right after the round forms: checking
-      // every entrant here would cost the builder N requests.
-      slots.push_back(p.second);
-    }
+    for (const auto& p : *list) candidates.push_back(p.second);
+  }
+  // Only entrants present now: one that died (its record vanished with its
+  // connection or lease) or left on purpose (withdrew its record) since it
+  // entered is not in the roster, and nothing here waits for a record.
+  std::vector<std::string> keys;
+  for (const auto& s : candidates) keys.push_back(key("node/" + s));
+  const std::vector<std::optional<std::string>> records = present_records(keys);
+  std::vector<std::string> slots;
+  nlohmann::json members = nlohmann::json::array();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (static_cast<int>(slots.size()) >= settings_.max_nodes) break;
+    if (!records[i]) continue;
+    auto rec = parse_object(*records[i], keys[i]);
+    rec["slot"] = candidates[i];
+    members.push_back(std::move(rec));
+    slots.push_back(candidates[i]);
   }
   if (static_cast<int>(slots.size()) < settings_.min_nodes) {
-    // Dead entrants counted towards MIN: wait for more. The claim goes.
+    // Entrants that died or left counted towards MIN: wait for more. The
+    // claim goes, so that the next poll (of any node) tries again.
     job_.delete_key(key("claim"));
     return;
   }
-  std::vector<std::string> keys;
-  for (const auto& s : slots) keys.push_back(key("node/" + s));
-  auto values = job_.multi_get(keys);
-  nlohmann::json members = nlohmann::json::array();
-  for (size_t i = 0; i < slots.size(); ++i) {
-    auto rec = parse_object(values[i], keys[i]);
-    rec["slot"] = slots[i];
-    members.push_back(std::move(rec));
-  }
   job_.compare_set(key("complete"), "", nlohmann::json{{"members", members}}.dump());
   job_.set("g" + std::to_string(generation_) + "/rdzv/round", std::to_string(round_));
+}
+
+std::vector<std::optional<std::string>> C10dState::present_records(
+    const std::vector<std::string>& keys) {
+  std::vector<std::optional<std::string>> out(keys.size());
+  if (keys.empty()) return out;
+  // Usually every entrant is there: one check and one read for all. A record
+  // may vanish between the two (the TCP store then answers an empty value,
+  // etcd waits for it): such a one, and every key when some are missing, is
+  // read alone without waiting.
+  std::vector<bool> settled(keys.size(), false);
+  if (job_.check(keys)) {
+    try {
+      std::vector<std::string> values = job_.multi_get(keys);
+      for (size_t i = 0; i < keys.size() && i < values.size(); ++i) {
+        if (values[i].empty()) continue;
+        out[i] = std::move(values[i]);
+        settled[i] = true;
+      }
+    } catch (const TimeoutError&) {
+      // A record vanished after the check: each is read alone below.
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!settled[i]) out[i] = store::read_if_present(job_, keys[i]);
+  }
+  return out;
 }
 
 C10dRound C10dState::read_roster(const std::string& raw) {
@@ -432,13 +485,19 @@ bool C10dState::mark_finishing(int attempt) {
 }
 
 void C10dState::watch_running_round() {
-  // Every member of the running round may have died: nobody would re-form it
-  // then, and this node would wait for ever. One presence per poll, in turn;
-  // when one is gone, all are looked at.
-  if (presence_ == nullptr || running_members_ <= 0 || round_ < 1) return;
+  // Every member of the running round may have died or left: nobody would
+  // re-form it then, and this node would wait for ever. One presence per
+  // poll, in turn, and the round's leavers; when one is gone, all are looked
+  // at.
+  if (running_members_ <= 0 || round_ < 1) return;
+  const std::vector<int> left =
+      C10dRoundWatch::left_members(job_, generation_, round_ - 1, running_members_);
+  if (presence_ == nullptr && static_cast<int>(left.size()) < running_members_) return;
   auto gone = [&](int g) {
-    return job_.check(
-        {C10dRoundWatch::present_key(generation_, round_ - 1, g) + store::protocol::kGoneSuffix});
+    if (std::find(left.begin(), left.end(), g) != left.end()) return true;
+    return presence_ != nullptr &&
+           job_.check({C10dRoundWatch::present_key(generation_, round_ - 1, g) +
+                       store::protocol::kGoneSuffix});
   };
   const int g = next_watched_++ % running_members_;
   if (!gone(g)) return;
@@ -447,8 +506,10 @@ void C10dState::watch_running_round() {
     if (!gone(m)) return;
     change.lost.push_back(m);
   }
-  change.cause = "agent exited";
-  change.reason = "every node of round " + std::to_string(round_ - 1) + " was lost (agent exited)";
+  const bool all_left = static_cast<int>(left.size()) >= running_members_;
+  change.cause = all_left ? "agent left" : "agent exited";
+  change.reason = "every node of round " + std::to_string(round_ - 1) + " is gone (" +
+                  (all_left ? "left" : "lost or left") + ")";
   job_.compare_set(round_key(generation_, round_ - 1, "reform"), "", reform_record(change));
 }
 
@@ -504,6 +565,32 @@ MembershipChange C10dRoundWatch::reform(const MembershipChange& change) {
   return parse(job_.compare_set(key(round_, "reform"), "", reform_record(change)));
 }
 
+std::string C10dRoundWatch::left_key(int generation, int round) {
+  return C10dState::round_key(generation, round, "left");
+}
+
+std::vector<int> C10dRoundWatch::left_members(store::Store& job, int generation, int round,
+                                              int members) {
+  const std::string k = left_key(generation, round);
+  if (job.tally_count(k) <= 0) return {};
+  std::vector<int> out;
+  for (const std::string& e : job.tally_entries(k)) {
+    // Written by peers: a group rank of the round, or it is ignored.
+    if (e.empty() || e.size() > 9 ||
+        !std::all_of(e.begin(), e.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const int g = std::stoi(e);
+    if (g < members && std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void C10dRoundWatch::leave(store::Store& job, int generation, int round, int group_rank) {
+  job.tally_add(left_key(generation, round), std::to_string(group_rank));
+}
+
 std::string C10dRoundWatch::present_key(int generation, int round, int group_rank) {
   return C10dState::round_key(generation, round, "present/" + std::to_string(group_rank));
 }
@@ -512,27 +599,31 @@ std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   const std::string k = key(round_, "reform");
   if (job_.check({k})) return parse(job_.get(k));
   if (members_ > 1) {
-    // Gone: its presence key vanished with its agent, or its record did (an
-    // agent that died after entering, before it could hold its presence).
-    auto gone = [&](int g) {
+    // Gone: it left on purpose (the round's left tally), its presence key
+    // vanished with its agent, or its record did (an agent that died after
+    // entering, before it could hold its presence).
+    const std::vector<int> left = left_members(job_, generation_, round_, members_);
+    auto has_left = [&](int g) { return std::find(left.begin(), left.end(), g) != left.end(); };
+    auto lost = [&](int g) {
       return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix}) ||
              (g < static_cast<int>(slots_.size()) &&
               job_.check({key(round_, "node/" + slots_[static_cast<size_t>(g)]) +
                           store::protocol::kGoneSuffix}));
     };
-    if (gone((me_ + 1) % members_)) {
-      MembershipChange change;
+    const bool any_left = std::any_of(left.begin(), left.end(), [&](int g) { return g != me_; });
+    if (any_left || lost((me_ + 1) % members_)) {
+      std::vector<int> left_now, lost_now;
       for (int g = 0; g < members_; ++g) {
-        if (g != me_ && gone(g)) change.lost.push_back(g);
+        if (g == me_) continue;
+        if (has_left(g)) {
+          left_now.push_back(g);
+        } else if (lost(g)) {
+          lost_now.push_back(g);
+        }
       }
-      change.cause = "agent exited";
-      std::string list;
-      for (int g : change.lost) list += (list.empty() ? "" : ", ") + std::to_string(g);
-      change.reason = "lost node" + std::string(change.lost.size() == 1 ? " " : "s ") + list +
-                      " (agent exited)";
-      return reform(change);
+      if (!left_now.empty() || !lost_now.empty()) return reform(gone_change(left_now, lost_now));
     }
-    if (me_ != 0 && rank0_closed_ && rank0_closed_() &&
+    if (me_ != 0 && rank0_closed_ && rank0_closed_() && !has_left(0) &&
         job_.check({present_key(generation_, round_, 0)})) {
       MembershipChange change;
       change.lost = {0};
@@ -544,7 +635,7 @@ std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   if (members_ >= settings_.max_nodes || now_() - formed_at_ < last_call_timeout_) {
     return std::nullopt;
   }
-  const int64_t waiting = job_.tally_count(key(round_ + 1, "entered"));
+  const int64_t waiting = live_waiters();
   if (waiting <= 0) return std::nullopt;
   // One gate per attempt: either it admits or its workers finish, never both.
   if (job_.compare_set(key(round_, "gate/" + std::to_string(attempt)), "", "admit") != "admit") {
@@ -554,6 +645,23 @@ std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   admit.reason =
       "admitting " + std::to_string(waiting) + " waiting node" + (waiting == 1 ? "" : "s");
   return reform(admit);
+}
+
+int64_t C10dRoundWatch::live_waiters() {
+  const std::string entered = key(round_ + 1, "entered");
+  if (job_.tally_count(entered) <= 0) return 0;
+  // Only waiters whose record is there now: one that died or left while it
+  // waited is no reason to stop the workers.
+  std::vector<std::string> records;
+  for (const std::string& s : job_.tally_entries(entered)) {
+    if (valid_slot(s)) records.push_back(key(round_ + 1, "node/" + s));
+    if (records.size() > static_cast<size_t>(kMaxSteps)) break;
+  }
+  if (records.empty()) return 0;
+  if (job_.check(records)) return static_cast<int64_t>(records.size());
+  int64_t live = 0;
+  for (const auto& r : records) live += job_.check({r}) ? 1 : 0;
+  return live;
 }
 
 }  // namespace ctorchrun::rendezvous

@@ -228,6 +228,9 @@ class C10dState {
   // Claims and builds round_'s roster, unless another node holds a fresh claim.
   void try_complete();
   C10dRound read_roster(const std::string& raw);
+  // The value of each key that exists now (nullopt for one that does not),
+  // without waiting on any: the records of entrants that may have died.
+  std::vector<std::optional<std::string>> present_records(const std::vector<std::string>& keys);
   void check_closed(bool while_waiting);
 
   store::Store& job_;
@@ -285,9 +288,23 @@ class C10dRoundWatch {
   // request per check, whatever N.
   static std::string present_key(int generation, int round, int group_rank);
 
+  // "g<G>/rdzv/<R>/left": a tally of the group ranks of round R's members
+  // that left it on purpose (a signal, Ctrl-C, a scheduler's preemption).
+  // Every member's check() reads it (one request) and re-forms without them;
+  // a node waiting for the running round counts them gone.
+  static std::string left_key(int generation, int round);
+  // Member `group_rank` leaves round `round` on purpose: one write that every
+  // member sees. The caller then withdraws its presence and record.
+  static void leave(store::Store& job, int generation, int round, int group_rank);
+  // The members of a round of `members` that left it, ascending (entries
+  // that are no group rank of the round are ignored). 1 request, 2 when any.
+  static std::vector<int> left_members(store::Store& job, int generation, int round, int members);
+
  private:
   std::string key(int round, const std::string& what) const;
   MembershipChange parse(const std::string& raw) const;
+  // Nodes waiting in the next round whose records are there now.
+  int64_t live_waiters();
 
   store::Store& job_;
   C10dSettings settings_;

@@ -72,6 +72,12 @@ struct RendezvousInfo {
   // This node leaves the round on purpose (any outcome): its presence key is
   // withdrawn, so the others do not take it for lost.
   std::function<void()> withdraw;
+  // This node leaves the running round on purpose (a signal stopped it while
+  // its workers ran): one write that every member's check_membership sees
+  // (they re-form without it, and a node waiting for the round counts it
+  // gone), then withdraw. Bounded by a few seconds; a store that does not
+  // answer is left alone. Empty for the static backend.
+  std::function<void()> depart;
   // Where the agents' store is ("host:port"), for messages; empty: master_addr.
   std::string store_endpoint;
   // How long the agents' store may not answer before the job ends; unset:
@@ -109,6 +115,12 @@ class Handler {
     throw InternalError("this rendezvous backend has no later rounds");
   }
   virtual const std::string& run_id() const = 0;
+  // This agent exits at once (a signal while no workers run): releases what
+  // holds its place so that the others see it gone now rather than when a
+  // lease expires (etcd: revokes the presence lease; a TCP store sees the
+  // connections close by itself). Bounded by a few seconds, never throws;
+  // may be called from another thread than the agent's.
+  virtual void abandon() noexcept {}
 };
 
 }  // namespace ctorchrun::rendezvous

@@ -2,6 +2,19 @@
 
 #include "common/error.h"
 
+namespace ctorchrun::store {
+
+std::optional<std::string> read_if_present(Store& store, const std::string& key) {
+  // No record, roster or marker of ours starts with a NUL byte.
+  static constexpr char kMarker[] = "\0ctorchrun:absent\0";
+  static const std::string kAbsent(kMarker, sizeof kMarker - 1);
+  std::string v = store.compare_set(key, kAbsent, kAbsent);
+  if (v == kAbsent) return std::nullopt;
+  return v;
+}
+
+}  // namespace ctorchrun::store
+
 namespace ctorchrun::store::portable_tally {
 
 int64_t add(Store& store, const std::string& key, const std::string& entry) {

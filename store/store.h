@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,14 @@ class Store {
  protected:
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
 };
+
+// Reads `key` without waiting: its value, or nullopt when it does not exist
+// now. One request that never writes and never waits (a compare_set whose
+// expected value no key holds: torch's rules then store nothing and return
+// the current value, or `expected` when the key is missing), so it is safe on
+// a key that can vanish at any moment (a key bound to its writer's
+// connection or lease). Idempotent: retried freely.
+std::optional<std::string> read_if_present(Store& store, const std::string& key);
 
 // The tally in plain operations: the entries appended to `key` as
 // "<entry>," (so an entry holds no ','; ConfigError otherwise), then the count

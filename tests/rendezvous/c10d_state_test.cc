@@ -656,3 +656,186 @@ TEST_CASE(
     CHECK_FALSE(w0.check(0).has_value());
   }
 }
+
+TEST_CASE(
+    "C10dState: an entrant that died or left before its round completed is left out of the "
+    "roster, and nothing waits for its record",
+    "[unit]") {
+  store::HashStore hs;
+  // A wait on a record that never comes would end the test (and a real
+  // round) with TimeoutError.
+  hs.set_timeout(100ms);
+  ManualClock clock;
+  Node a(hs, clock, settings(2, 5), "a", 5s);
+  Node b(hs, clock, settings(2, 5), "b", 5s);
+  Node c(hs, clock, settings(2, 5), "c", 5s);
+  Node d(hs, clock, settings(2, 5), "d", 5s);
+  a.state.join();
+  b.state.join();
+  c.state.join();
+  d.state.join();
+  // c dies (its record vanishes with its connection, leaving the gone
+  // marker) and d leaves on purpose (its record withdrawn, no marker).
+  hs.delete_key("g0/rdzv/0/node/" + c.state.slot());
+  hs.set("g0/rdzv/0/node/" + c.state.slot() + "#gone", "1");
+  hs.delete_key("g0/rdzv/0/node/" + d.state.slot());
+  CHECK_FALSE(a.state.poll().has_value());
+  clock.advance(5s);
+  auto ra = a.state.poll();
+  REQUIRE(ra.has_value());
+  REQUIRE(ra->nodes.size() == 2);
+  CHECK(ra->nodes[0].host == "a");
+  CHECK(ra->nodes[1].host == "b");
+  auto rb = b.state.poll();
+  REQUIRE(rb.has_value());
+  CHECK(rb->group_rank == 1);
+}
+
+TEST_CASE(
+    "C10dState: when the entrants that died leave fewer than MIN, the round waits for more "
+    "and then forms",
+    "[unit]") {
+  store::HashStore hs;
+  hs.set_timeout(100ms);
+  ManualClock clock;
+  Node a(hs, clock, settings(2, 3), "a", 5s);
+  Node b(hs, clock, settings(2, 3), "b", 5s);
+  a.state.join();
+  b.state.join();
+  hs.delete_key("g0/rdzv/0/node/" + b.state.slot());
+  clock.advance(5s);
+  CHECK_FALSE(a.state.poll().has_value());
+  CHECK_FALSE(hs.check({"g0/rdzv/0/claim"}));  // the next try is not blocked
+  Node c(hs, clock, settings(2, 3), "c", 5s);
+  c.state.join();
+  clock.advance(5s);
+  auto ra = a.state.poll();
+  REQUIRE(ra.has_value());
+  REQUIRE(ra->nodes.size() == 2);
+  CHECK(ra->nodes[1].host == "c");
+}
+
+TEST_CASE("C10dRoundWatch: a node that died or left while waiting to be admitted re-forms nothing",
+          "[unit]") {
+  store::HashStore hs;
+  hs.set_timeout(100ms);
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 3), "a", 5s);
+  a.state.join();
+  a.state.poll();
+  clock.advance(5s);
+  auto r0 = a.state.poll();
+  REQUIRE(r0.has_value());
+  C10dRoundWatch watch(hs, settings(1, 3), *r0, 5s, clock.fn());
+  Node w(hs, clock, settings(1, 3), "w", 5s);
+  w.state.join();
+  CHECK(w.state.waiting());
+  hs.delete_key("g0/rdzv/1/node/" + w.state.slot());
+  clock.advance(5s);
+  CHECK_FALSE(watch.check(0).has_value());
+  // A live one is admitted.
+  Node x(hs, clock, settings(1, 3), "x", 5s);
+  x.state.join();
+  auto change = watch.check(0);
+  REQUIRE(change.has_value());
+  CHECK(change->reason == "admitting 1 waiting node");
+  a.state.rejoin(*r0, 0, change->lost);
+  auto r1 = a.state.poll();
+  REQUIRE(r1.has_value());
+  REQUIRE(r1->nodes.size() == 2);
+  CHECK(r1->nodes[1].host == "x");
+}
+
+TEST_CASE(
+    "C10dRoundWatch: a member that left on purpose is seen by every member, whichever it "
+    "watches, and re-formed around",
+    "[unit]") {
+  store::HashStore hs;
+  hs.set_timeout(100ms);
+  ManualClock clock;
+  std::vector<std::unique_ptr<Node>> n;
+  for (const char* h : {"a", "b", "c"}) {
+    n.push_back(std::make_unique<Node>(hs, clock, settings(1, 3), h, 3600s));
+    n.back()->state.join();
+  }
+  std::vector<C10dRound> r;
+  for (auto& x : n) r.push_back(*x->state.poll());
+  std::vector<std::unique_ptr<C10dRoundWatch>> w;
+  for (auto& round : r) {
+    w.push_back(std::make_unique<C10dRoundWatch>(hs, settings(1, 3), round, 3600s, clock.fn()));
+  }
+  for (auto& x : w) CHECK_FALSE(x->check(0).has_value());
+  // Group rank 0 leaves on purpose: it says so, then withdraws its presence
+  // (deleted: no gone marker appears).
+  C10dRoundWatch::leave(hs, 0, 0, 0);
+  hs.delete_key(C10dRoundWatch::present_key(0, 0, 0));
+  // Member 1 watches member 2, not 0: it sees the leave all the same.
+  auto change = w[1]->check(0);
+  REQUIRE(change.has_value());
+  CHECK(change->lost == std::vector<int>{0});
+  CHECK(change->cause == "agent left");
+  CHECK(change->reason == "node 0 left");
+  auto seen = w[2]->check(0);
+  REQUIRE(seen.has_value());
+  CHECK(seen->lost == std::vector<int>{0});
+  n[1]->state.rejoin(r[1], 0, change->lost);
+  n[2]->state.rejoin(r[2], 0, change->lost);
+  auto r1 = n[2]->state.poll();
+  REQUIRE(r1.has_value());
+  REQUIRE(r1->nodes.size() == 2);
+  CHECK(r1->nodes[0].host == "b");
+  CHECK(r1->group_rank == 1);
+}
+
+TEST_CASE(
+    "C10dRoundWatch: entries of the left tally that are no group rank of the round are ignored",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(2, 2), "a", 3600s);
+  Node b(hs, clock, settings(2, 2), "b", 3600s);
+  a.state.join();
+  b.state.join();
+  auto ra = a.state.poll();
+  REQUIRE(ra.has_value());
+  const std::string left = C10dRoundWatch::left_key(0, 0);
+  for (const char* junk : {"2", "-1", "x", "99999999999", ""}) hs.tally_add(left, junk);
+  CHECK(C10dRoundWatch::left_members(hs, 0, 0, 2).empty());
+  C10dRoundWatch w(hs, settings(2, 2), *ra, 3600s, clock.fn());
+  CHECK_FALSE(w.check(0).has_value());
+  hs.tally_add(left, "1");
+  CHECK(C10dRoundWatch::left_members(hs, 0, 0, 2) == std::vector<int>{1});
+}
+
+TEST_CASE(
+    "C10dState: a node waiting for a running round whose members all left re-forms it and "
+    "forms the next round (a job stopped and started again with the same id)",
+    "[unit]") {
+  store::HashStore hs;
+  hs.set_timeout(100ms);
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 2), "a", 5s);
+  Node b(hs, clock, settings(1, 2), "b", 5s);
+  a.state.join();
+  b.state.join();
+  auto r0 = a.state.poll();
+  REQUIRE(r0.has_value());
+  REQUIRE(r0->nodes.size() == 2);
+  // Both members are stopped by a signal: they leave on purpose.
+  C10dRoundWatch::leave(hs, 0, 0, 0);
+  C10dRoundWatch::leave(hs, 0, 0, 1);
+  // The job is started again: a new agent finds the round running at MAX.
+  Node c(hs, clock, settings(1, 2), "c", 5s);
+  c.state.join();
+  std::optional<C10dRound> rc;
+  for (int i = 0; i < 6 && !rc; ++i) {
+    rc = c.state.poll();
+    clock.advance(5s);
+  }
+  REQUIRE(rc.has_value());
+  CHECK(rc->round == 1);
+  CHECK(rc->group_rank == 0);
+  CHECK(rc->nodes.size() == 1);
+  const std::string reform = hs.get("g0/rdzv/0/reform");
+  CHECK_THAT(reform, Catch::Contains("agent left"));
+}
