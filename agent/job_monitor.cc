@@ -102,7 +102,9 @@ void JobMonitor::run_loop(const std::shared_ptr<State>& st) {
 
 namespace {
 
-std::vector<int> node_list(const nlohmann::json& j, const char* key) {
+// A list of node ranks of a job of `nnodes`, written by a peer: anything else
+// is a protocol error, never an index used as it came.
+std::vector<int> node_list(const nlohmann::json& j, const char* key, int nnodes) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_array()) {
     throw ProtocolError("unreadable record at key '" + keys::liveness() + "': '" + key +
@@ -114,7 +116,13 @@ std::vector<int> node_list(const nlohmann::json& j, const char* key) {
       throw ProtocolError("unreadable record at key '" + keys::liveness() + "': '" + key +
                           "' holds a non-integer");
     }
-    out.push_back(v.get<int>());
+    const auto n = v.get<int64_t>();
+    if (n < 0 || n >= nnodes) {
+      throw ProtocolError("unreadable record at key '" + keys::liveness() + "': '" + key +
+                          "' names node " + std::to_string(n) + " of a job of " +
+                          std::to_string(nnodes));
+    }
+    out.push_back(static_cast<int>(n));
   }
   return out;
 }
@@ -215,8 +223,8 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
               throw ProtocolError("unreadable record at key '" + keys::liveness() +
                                   "': " + raw.substr(0, 200));
             }
-            auto dead = node_list(j, "dead");
-            auto gone = node_list(j, "gone");
+            auto dead = node_list(j, "dead", o.nnodes);
+            auto gone = node_list(j, "gone", o.nnodes);
             int64_t s = j["seq"].get<int64_t>();
             if (s != seen_seq) {
               seen_seq = s;

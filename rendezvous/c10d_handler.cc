@@ -203,11 +203,27 @@ void C10dHandler::open_etcd_store() {
 }
 
 void C10dHandler::renew_lease() {
-  if (!etcd_presence_ || !etcd_presence_->lease_lost()) return;
+  if (!etcd_presence_) return;
+  std::string why;
+  if (etcd_presence_->lease_lost()) {
+    why = etcd_presence_->lease_lost_reason();
+  } else {
+    // The keeper learns of a revoked lease only at its next refresh (TTL/3
+    // away): ask now, so that this node never enters a round on a lease
+    // that is gone (its writes would fail with "lease not found").
+    try {
+      if (etcd_client_->lease_keepalive(etcd_presence_->lease_id()) == 0) {
+        why = "etcd says it was revoked or has expired";
+      }
+    } catch (const Error& e) {
+      get_logger("rdzv")->debug("could not check this node's etcd lease: {}", e.what());
+    }
+  }
+  if (why.empty()) return;
   get_logger("rdzv")->warn(
       "rendezvous '{}': this node's lease is gone ({}); the others count this node lost. "
       "Coming back under a new lease",
-      options_.run_id, etcd_presence_->lease_lost_reason());
+      options_.run_id, why);
   // Keys of the old lease went with it; the presence key is written anew.
   presence_key_.clear();
   etcd_presence_->bind_keys_to_lease(lease_ttl_);
@@ -422,11 +438,13 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     }
     auto j = nlohmann::json::parse(job_->get(workers_key), nullptr, false);
     if (!j.is_object() || !j.contains("addr") || !j["addr"].is_string() || !j.contains("port") ||
-        !j["port"].is_number_integer()) {
+        !j["port"].is_number_integer() || j["port"].get<int64_t>() < 1 ||
+        j["port"].get<int64_t>() > 65535 || j["addr"].get<std::string>().empty() ||
+        j["addr"].get<std::string>().size() > 255) {
       throw ProtocolError("unreadable workers' store address at key '" + workers_key + "'");
     }
     workers_addr = j["addr"].get<std::string>();
-    workers_port = j["port"].get<int>();
+    workers_port = static_cast<int>(j["port"].get<int64_t>());
   }
   log->debug("round {}: the workers' store is at {}:{}", round.round, workers_addr, workers_port);
 

@@ -82,15 +82,23 @@ bool HostProbe::gone() {
   const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
   if (n > 0) return false;  // the server said something unasked: not a close
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
-  gone_ = true;
+  std::string closed;
   if (n == 0) {
-    why_ = "closed by the peer";
+    closed = "closed by the peer";
   } else if (errno == ECONNRESET) {
-    why_ = "reset by the peer";
+    closed = "reset by the peer";
   } else {
-    why_ = std::string("failed: ") + std::strerror(errno);
+    closed = std::string("failed: ") + std::strerror(errno);
   }
-  return true;
+  // A server also closes connections it will not keep (at its connection
+  // limit, say) while it lives: only a listener that is gone too means its
+  // process is. A new connection tells: accepted, the process lives (the
+  // probe keeps it); refused, it is gone; no answer proves nothing.
+  ::close(fd_);
+  fd_ = -1;
+  connect_now();
+  if (gone_) why_ = closed + ", and nothing listens any more";
+  return gone_;
 }
 
 }  // namespace ctorchrun::rendezvous

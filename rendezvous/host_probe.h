@@ -32,8 +32,10 @@ class HostProbe {
   HostProbe(const HostProbe&) = delete;
   HostProbe& operator=(const HostProbe&) = delete;
 
-  // True once the server closed the connection or refused a new one. Never
-  // blocks longer than the connect timeout (and not at all once connected).
+  // True once the server refused a new connection, or closed the probe's
+  // and then refused a new one (a server that closes a connection while it
+  // still listens, at its connection limit say, lives). Never blocks longer
+  // than the connect timeout (and not at all while connected and quiet).
   bool gone();
   // Why gone() said so ("closed by the peer", "connection refused"...).
   const std::string& why() const { return why_; }

@@ -121,6 +121,24 @@ TEST_CASE("job monitor: a malformed liveness view is a protocol error naming the
   CHECK(n1.monitor->protocol_error()->find("'liveness'") != std::string::npos);
 }
 
+TEST_CASE(
+    "job monitor: a liveness view naming a node outside the job is a protocol error, never an "
+    "index used as it came",
+    "[unit]") {
+  for (const char* view :
+       {R"({"seq":1,"dead":[2],"gone":[]})", R"({"seq":1,"dead":[],"gone":[-1]})",
+        R"({"seq":1,"dead":[4294967296],"gone":[]})"}) {
+    INFO(view);
+    auto hash = std::make_shared<store::HashStore>();
+    hash->set(agent::keys::liveness(), view);
+    Node n1(hash, 1, 2);
+    REQUIRE(eventually([&] { return n1.monitor->protocol_error().has_value(); }));
+    CHECK(n1.monitor->protocol_error()->find("of a job of 2") != std::string::npos);
+    CHECK(n1.monitor->dead_nodes().empty());
+    CHECK(n1.monitor->departed_nodes().empty());
+  }
+}
+
 TEST_CASE("job monitor: failing store calls mean a lost store only after the grace period",
           "[unit]") {
   auto hash = std::make_shared<store::HashStore>();

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -251,4 +252,30 @@ TEST_CASE(
   INFO(out);
   CHECK(rcb == 0);
   CHECK(contains(out, "127.0.0.1:" + job.port));
+}
+
+TEST_CASE(
+    "membership: etcd leases revoked from outside (etcdctl lease revoke) bring the agents back "
+    "under new leases, and the job goes on",
+    "[multiproc]") {
+  Job job(Backend::kEtcd);
+  job.nnodes = "2:2";
+  auto a = job.agent("a");
+  auto b = job.agent("b");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  const std::string etcdctl =
+      "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=" + job.etcd->client_endpoint(0) + " ";
+  const std::string revoke = etcdctl + "lease list | tail -n +2 | while read id; do " + etcdctl +
+                             "lease revoke $id >/dev/null; done";
+  REQUIRE(std::system(revoke.c_str()) == 0);
+  REQUIRE(wait_for_lines(job.seen("a"), 2, 30s));
+  REQUIRE(wait_for_lines(job.seen("b"), 2, 30s));
+  CHECK(job.last("a").substr(0, 4) == "2 0 ");
+  job.stop();
+  auto [codes, out] = ended({a.get(), b.get()});
+  INFO(out);
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+  CHECK(contains(out, "Coming back under a new lease"));
 }
