@@ -446,8 +446,10 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "signals forwarded to the workers before the launcher exits with 128+N");
   opt("--event-log-handler,--event_log_handler", event_log_handler, "PET_EVENT_LOG_HANDLER",
       "accepted for torchrun compatibility; see --events_file");
-  opt("--logs-specs,--logs_specs", logs_specs, "PET_LOGS_SPECS",
-      "torchrun's plug-in log layouts are not supported; giving one is an error");
+  CLI::Option* logs_specs_opt =
+      opt("--logs-specs,--logs_specs", logs_specs, "PET_LOGS_SPECS",
+          "'default' (torchrun's own log layout) is accepted; other names are torchrun's Python "
+          "plugins, which ctorchrun cannot load (exit 2)");
   opt("--numa-binding,--numa_binding", numa_binding, "PET_NUMA_BINDING",
       "not supported yet; giving it is an error");
   opt("--shutdown-timeout,--shutdown_timeout", shutdown_timeout, "PET_SHUTDOWN_TIMEOUT",
@@ -517,8 +519,18 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     c.master_addr = master_addr;
     c.master_port = master_port;
     c.max_restarts = max_restarts;
-    if (!logs_specs.empty())
-      throw UsageError("--logs_specs: plug-in log layouts are not supported");
+    // torchrun loads --logs_specs NAME from the Python entry points of group
+    // torchrun.logs_specs; torch itself registers only "default", which is
+    // the layout ctorchrun writes.
+    if (!logs_specs.empty() && logs_specs != "default") {
+      auto spelled = args.spelled.find(logs_specs_opt->get_name());
+      const std::string name = args.given.count(logs_specs_opt) == 0 ? "PET_LOGS_SPECS"
+                               : spelled != args.spelled.end()       ? spelled->second
+                                                                     : "--logs_specs";
+      throw UsageError(name + "=" + logs_specs +
+                       ": log-spec plugins are Python entry points (group torchrun.logs_specs) "
+                       "that ctorchrun cannot load; only 'default' is accepted");
+    }
     if (!numa_binding.empty()) throw UsageError("--numa_binding is not supported yet");
 
     // Rendezvous.

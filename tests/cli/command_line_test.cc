@@ -160,3 +160,24 @@ TEST_CASE("command line: --help documents every option, the variables and the ex
     CHECK(r.message.find(s) != std::string::npos);
   }
 }
+
+TEST_CASE("command line: --logs_specs default is accepted, a plugin name is exit 2 in one line",
+          "[unit]") {
+  for (const char* spelling : {"--logs_specs=default", "--logs-specs=default"}) {
+    auto r = parse({spelling, "s.py"});
+    INFO(spelling << ": " << r.message);
+    CHECK(r.kind == ParseOutcome::Kind::kRun);
+  }
+  auto r = parse({"s.py"}, {{"PET_LOGS_SPECS", "default"}});
+  CHECK(r.kind == ParseOutcome::Kind::kRun);
+
+  require_usage_error({"--logs_specs=my_layout", "s.py"},
+                      "--logs_specs=my_layout: log-spec plugins are Python entry points");
+  require_usage_error({"--logs-specs", "my_layout", "s.py"}, "--logs-specs=my_layout: ");
+  r = parse({"s.py"}, {{"PET_LOGS_SPECS", "my_layout"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kExit);
+  CHECK(r.exit_code == 2);
+  CHECK(r.message.find("PET_LOGS_SPECS=my_layout: ") != std::string::npos);
+  CHECK(r.message.find("cannot load") != std::string::npos);
+  CHECK(r.message.find('\n') == std::string::npos);
+}
