@@ -222,10 +222,43 @@ bool looks_like_value(const std::string& a) {
   return ec == std::errc() && end == a.data() + a.size();
 }
 
+// Every long option string ("--nproc-per-node", "--nproc_per_node", ...), in
+// the order the options were added, each option's spellings in their order.
+std::vector<std::string> long_option_strings(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& l : o->get_lnames()) out.push_back("--" + l);
+  }
+  return out;
+}
+
+// torchrun's argparse (allow_abbrev=True, CPython 3.11's _parse_optional and
+// _get_option_tuples): a long option that is not an option string is taken
+// as a prefix (of the part before '=') of the option strings. One match is
+// that option; several are an error listing them, even when they are the two
+// spellings of one option (argparse counts option strings, not options, so
+// "--nproc" could be --nproc-per-node or --nproc_per_node); none leaves
+// `name` unknown. `arg` is the whole argument, as argparse quotes it.
+std::string resolve_abbreviation(const CLI::App& app, const std::string& arg,
+                                 const std::string& name) {
+  std::vector<std::string> matches;
+  for (const std::string& s : long_option_strings(app)) {
+    if (s.compare(0, name.size(), name) == 0) matches.push_back(s);
+  }
+  if (matches.size() == 1) return matches.front();
+  if (matches.size() > 1) {
+    std::string list;
+    for (const std::string& m : matches) list += (list.empty() ? "" : ", ") + m;
+    throw UsageError("ambiguous option: " + arg + " could match " + list);
+  }
+  return name;
+}
+
 // Options before the script; the first argument that is not one (or the one
-// after a first "--") starts the script. An empty value unsets the options
-// in `empty_is_unset` and is an error for the others. The last occurrence of
-// an option wins.
+// after a first "--") starts the script. A long option may be abbreviated
+// (resolve_abbreviation); after the script nothing is. An empty value unsets
+// the options in `empty_is_unset` and is an error for the others. The last
+// occurrence of an option wins.
 SplitArgs split_argv(CLI::App& app, int argc, const char* const* argv,
                      const std::set<const CLI::Option*>& empty_is_unset) {
   SplitArgs out;
@@ -240,13 +273,19 @@ SplitArgs split_argv(CLI::App& app, int argc, const char* const* argv,
     if (a.size() < 2 || a[0] != '-') break;
     const bool is_long = a[1] == '-';
     const auto eq = is_long ? a.find('=') : std::string::npos;
-    const std::string name = is_long ? a.substr(0, eq) : a.substr(0, 2);
+    std::string name = is_long ? a.substr(0, eq) : a.substr(0, 2);
     const CLI::Option* o = app.get_option_no_throw(name);
+    std::string as_given = a;  // with an abbreviation written out in full
+    if (o == nullptr && is_long) {
+      name = resolve_abbreviation(app, a, name);
+      o = app.get_option_no_throw(name);
+      if (o != nullptr) as_given = name + (eq == std::string::npos ? "" : a.substr(eq));
+    }
     if (o != nullptr) out.spelled[o->get_name()] = name;
     if (o == nullptr || o->get_expected_min() == 0) {
       // An unknown option (CLI11 names it) or a flag: CLI11 takes it as is.
       if (o != nullptr) out.given.insert(o);
-      emitted.emplace_back(o, a);
+      emitted.emplace_back(o, as_given);
       continue;
     }
     std::string value;
@@ -276,8 +315,11 @@ SplitArgs split_argv(CLI::App& app, int argc, const char* const* argv,
 }
 
 constexpr const char* kFooter = R"(
-The training script and its arguments come last and are passed through untouched;
-an option before the script that ctorchrun does not know is an error. A first `--`
+The training script and its arguments come last and are passed through untouched.
+Before the script, as torchrun's argparse allows, a long option may be shortened to a
+prefix of exactly one option string (--nproc_per=4, --max-restart=3, --no-py); a prefix
+of several, even of one option's two spellings (--nproc), is an "ambiguous option"
+error, and an option ctorchrun does not know is an error too. A first `--`
 before the script is dropped and the next argument is the script, even if it starts
 with '-'. An empty value (--log_dir= or --log_dir '') unsets --log_dir, --local_addr,
 --rdzv_endpoint, --rdzv_conf and --local_ranks_filter; for the others it is an error.
