@@ -377,3 +377,22 @@ for case in sys.argv[2:]:
     CHECK(our_verdict == py_verdict);
   }
 }
+
+TEST_CASE("command line: --rdzv_conf store_type=tcp is taken without a warning, file is exit 2",
+          "[unit]") {
+  for (const char* backend : {"--rdzv_backend=static", "--rdzv_backend=c10d"}) {
+    auto r = parse({backend, "--rdzv_endpoint=127.0.0.1:29400",
+                    "--rdzv_conf=store_type=tcp,join_timeout=7", "s.py"});
+    INFO(backend << ": " << r.message);
+    REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+    for (const auto& w : r.warnings) CHECK(w.find("store_type") == std::string::npos);
+  }
+  auto r = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29400",
+                  "--rdzv_conf=store_type= TCP ", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.warnings.empty());
+  require_usage_error(
+      {"--rdzv_backend=c10d", "--rdzv_endpoint=/tmp/rdzv", "--rdzv_conf=store_type=file", "s.py"},
+      "store_type=file: ctorchrun's rendezvous store is a TCP store");
+  require_usage_error({"--rdzv_conf=store_type=redis", "s.py"}, "store_type='redis': expected tcp");
+}
