@@ -425,8 +425,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
                   const std::string& help) {
     return with_env(app.add_flag(names, target), help, {env_name});
   };
-  opt("--nnodes", nnodes, "PET_NNODES",
-      "number of nodes, N or MIN:MAX (MIN:MAX needs the c10d backend)");
+  CLI::Option* nnodes_opt = opt("--nnodes", nnodes, "PET_NNODES",
+                                "number of nodes, N or MIN:MAX (MIN:MAX needs the c10d backend)");
   opt("--nproc-per-node,--nproc_per_node", nproc, "PET_NPROC_PER_NODE",
       "workers per node: N, cpu (one per CPU), gpu (one per GPU), auto (gpu if any, else cpu)")
       ->check(nproc_validator());
@@ -454,8 +454,10 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   opt("--rdzv-id,--rdzv_id", rdzv_id, "PET_RDZV_ID", "job id shared by all nodes");
   CLI::Option* conf_opt = opt("--rdzv-conf,--rdzv_conf", rdzv_conf, "PET_RDZV_CONF",
                               "KEY=VALUE,... rendezvous and hosted-store settings (keys below)");
-  flag("--standalone", standalone, "PET_STANDALONE",
-       "single node on a free local port (no master_addr/port needed)");
+  CLI::Option* standalone_opt =
+      flag("--standalone", standalone, "PET_STANDALONE",
+           "single node on a free local port (no master_addr/port needed); --nnodes other than 1 "
+           "is an error");
   opt("--start-method,--start_method", start_method, "PET_START_METHOD",
       "accepted for torchrun compatibility (spawn, fork, forkserver)")
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
@@ -528,6 +530,13 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
         break;
       }
     }
+    // Where an option's value came from, as the user wrote it: its spelling
+    // on the command line, else its environment variable.
+    auto source = [&](const CLI::Option* o, const std::string& env_name) -> std::string {
+      if (args.given.count(o) == 0) return env_name;
+      auto spelled = args.spelled.find(o->get_name());
+      return spelled == args.spelled.end() ? o->get_name() : spelled->second;
+    };
     const std::vector<std::string>& rest = args.script;
     if (rest.empty())
       throw UsageError("no training script given (ctorchrun [options] [--] SCRIPT [args...])");
@@ -565,11 +574,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     // torchrun.logs_specs; torch itself registers only "default", which is
     // the layout ctorchrun writes.
     if (!logs_specs.empty() && logs_specs != "default") {
-      auto spelled = args.spelled.find(logs_specs_opt->get_name());
-      const std::string name = args.given.count(logs_specs_opt) == 0 ? "PET_LOGS_SPECS"
-                               : spelled != args.spelled.end()       ? spelled->second
-                                                                     : "--logs_specs";
-      throw UsageError(name + "=" + logs_specs +
+      throw UsageError(source(logs_specs_opt, "PET_LOGS_SPECS") + "=" + logs_specs +
                        ": log-spec plugins are Python entry points (group torchrun.logs_specs) "
                        "that ctorchrun cannot load; only 'default' is accepted");
     }
@@ -579,6 +584,13 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     c.run_id = rdzv_id;
     c.rdzv_backend = rdzv_backend;
     std::string etcd_scheme;  // of the etcd endpoints: "https", "http" or "" (none written)
+    if (standalone && (c.min_nodes != 1 || c.max_nodes != 1)) {
+      // torchrun would quietly run one node of a job that waits for more.
+      throw UsageError(source(standalone_opt, "PET_STANDALONE") + " runs exactly one node, but " +
+                       source(nnodes_opt, "PET_NNODES") + "=" + nnodes +
+                       " asks for more; leave it out (or give 1), or join the nodes with "
+                       "--rdzv_backend=c10d --rdzv_endpoint=HOST[:PORT]");
+    }
     if (standalone) {
       // One node on a free local port until dynamic rendezvous lands.
       c.rdzv_backend = "static";

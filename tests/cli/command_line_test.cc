@@ -396,3 +396,27 @@ TEST_CASE("command line: --rdzv_conf store_type=tcp is taken without a warning, 
       "store_type=file: ctorchrun's rendezvous store is a TCP store");
   require_usage_error({"--rdzv_conf=store_type=redis", "s.py"}, "store_type='redis': expected tcp");
 }
+
+TEST_CASE("command line: --standalone with more than one node is exit 2 naming both options",
+          "[unit]") {
+  require_usage_error({"--standalone", "--nnodes=2", "s.py"},
+                      "--standalone runs exactly one node, but --nnodes=2 asks for more");
+  require_usage_error({"--nnodes", "1:4", "--standalone", "s.py"},
+                      "--standalone runs exactly one node, but --nnodes=1:4");
+  require_usage_error({"--nnodes=2:2", "--standalone", "s.py"}, "--nnodes=2:2");
+  auto r = parse({"--standalone", "s.py"}, {{"PET_NNODES", "3"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kExit);
+  CHECK(r.exit_code == 2);
+  CHECK(r.message.find("--standalone runs exactly one node, but PET_NNODES=3") !=
+        std::string::npos);
+  r = parse({"--nnodes=2", "s.py"}, {{"PET_STANDALONE", "1"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kExit);
+  CHECK(r.message.find("PET_STANDALONE runs exactly one node, but --nnodes=2") !=
+        std::string::npos);
+  for (const char* one : {"--nnodes=1", "--nnodes=1:1"}) {
+    r = parse({"--standalone", one, "s.py"});
+    INFO(one << ": " << r.message);
+    REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+    CHECK(r.config.nnodes() == 1);
+  }
+}
