@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <sstream>
 
+#include "cli/rdzv_conf.h"
 #include "tests/cli/parse_support.h"
 #include "tests/support/process.h"
 
@@ -418,5 +420,39 @@ TEST_CASE("command line: --standalone with more than one node is exit 2 naming b
     INFO(one << ": " << r.message);
     REQUIRE(r.kind == ParseOutcome::Kind::kRun);
     CHECK(r.config.nnodes() == 1);
+  }
+}
+
+TEST_CASE("command line: the README's --rdzv_conf table names the backends that read each key",
+          "[unit]") {
+  // The table in cli/rdzv_conf.cc is what the code applies (and what --help
+  // prints); the README's copy must say the same.
+  std::ifstream f(std::string(CTORCHRUN_SOURCE_DIR) + "/README.md");
+  std::string line;
+  std::map<std::string, std::string> readme_backends;
+  while (std::getline(f, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, '|')) {
+      cell.erase(0, cell.find_first_not_of(' '));
+      cell.erase(cell.find_last_not_of(' ') + 1);
+      cells.push_back(cell);
+    }
+    // "  | `key` | type | range | default | backends | meaning |"
+    if (cells.size() >= 7 && cells[1].size() > 2 && cells[1].front() == '`') {
+      readme_backends[cells[1].substr(1, cells[1].size() - 2)] = cells[5];
+    }
+  }
+  auto help = parse({"--help"});
+  for (const auto& k : cli::rdzv_conf_keys()) {
+    INFO(k.name);
+    REQUIRE(readme_backends.count(k.name));
+    CHECK(readme_backends[k.name] == k.backends);
+    // --help prints the same table row.
+    CHECK(help.message.find(std::string(k.name)) != std::string::npos);
+    auto row = help.message.substr(help.message.find(std::string("  ") + k.name + " "));
+    row = row.substr(0, row.find('\n'));
+    CHECK(row.find(k.backends) != std::string::npos);
   }
 }
