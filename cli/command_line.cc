@@ -479,7 +479,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "same syntax as --redirects");
   CLI::Option* filter_opt =
       opt("--local-ranks-filter,--local_ranks_filter", local_ranks_filter, "PET_LOCAL_RANKS_FILTER",
-          "comma-separated local ranks whose teed output reaches the console")
+          "comma-separated local ranks whose output reaches the console; the others print "
+          "nothing (teed streams go to their files only, the rest to /dev/null)")
           ->delimiter(',')
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
           ->check(CLI::Range(0, 1 << 20))
