@@ -724,6 +724,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     parse_std_map("--tee", tee, &c.tee_default, &c.tee);
     if (!local_ranks_filter.empty()) c.local_ranks_filter = local_ranks_filter;
     c.events_file = events_file;
+    c.log_line_prefix_template = getenv_or(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "");
     c.role = role;
 
     // What to run.

@@ -456,3 +456,11 @@ TEST_CASE("command line: the README's --rdzv_conf table names the backends that 
     CHECK(row.find(k.backends) != std::string::npos);
   }
 }
+
+TEST_CASE("command line: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE reaches the launch config",
+          "[unit]") {
+  auto r = parse({"s.py"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]:"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.log_line_prefix_template == "[${rank}]:");
+  CHECK(parse({"s.py"}).config.log_line_prefix_template.empty());
+}
