@@ -87,6 +87,9 @@ struct LaunchConfig {
   std::optional<std::vector<int>>
       local_ranks_filter;  // ranks whose teed output reaches the console
   std::string events_file;
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE from the launcher's environment
+  // (see log_line_prefix in agent/worker_env.h); empty: "[<role><local_rank>]:".
+  std::string log_line_prefix_template;
 
   unsigned redirects_for(int local_rank) const {
     auto it = redirects.find(local_rank);

@@ -1,5 +1,7 @@
 #include "agent/worker_env.h"
 
+#include <cctype>
+
 namespace ctorchrun::agent {
 
 std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
@@ -44,6 +46,50 @@ std::vector<std::string> substitute_local_rank(const std::vector<std::string>& a
       a.replace(pos, kMacro.size(), r);
       pos += r.size();
     }
+  }
+  return out;
+}
+
+std::string log_line_prefix(const std::string& tmpl, const std::string& role, int rank,
+                            int local_rank) {
+  if (tmpl.empty()) return "[" + role + std::to_string(local_rank) + "]:";
+  const std::map<std::string, std::string> values = {{"role_name", role},
+                                                     {"rank", std::to_string(rank)},
+                                                     {"local_rank", std::to_string(local_rank)}};
+  // Python's identifier pattern for Template: [_a-z][_a-z0-9]*, any case
+  // (re.IGNORECASE), looked up case-sensitively.
+  auto id_start = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)); };
+  auto id_char = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)); };
+  std::string out;
+  size_t i = 0;
+  while (i < tmpl.size()) {
+    if (tmpl[i] != '$') {
+      out += tmpl[i++];
+      continue;
+    }
+    if (i + 1 < tmpl.size() && tmpl[i + 1] == '$') {  // "$$"
+      out += '$';
+      i += 2;
+      continue;
+    }
+    size_t start = i + 1;
+    bool braced = start < tmpl.size() && tmpl[start] == '{';
+    if (braced) ++start;
+    size_t end = start;
+    if (end < tmpl.size() && id_start(tmpl[end])) {
+      ++end;
+      while (end < tmpl.size() && id_char(tmpl[end])) ++end;
+    }
+    const bool closed = !braced || (end < tmpl.size() && tmpl[end] == '}');
+    if (end == start || !closed) {  // not a placeholder: the '$' stays
+      out += '$';
+      ++i;
+      continue;
+    }
+    const size_t after = braced ? end + 1 : end;
+    auto v = values.find(tmpl.substr(start, end - start));
+    out += v == values.end() ? tmpl.substr(i, after - i) : v->second;
+    i = after;
   }
   return out;
 }

@@ -39,4 +39,13 @@ int base_global_rank(const std::vector<int>& local_world_sizes, int group_rank);
 std::vector<std::string> substitute_local_rank(const std::vector<std::string>& argv,
                                                int local_rank);
 
+// The console prefix of a worker's teed lines. An empty `tmpl` gives
+// torchrun's "[<role><local_rank>]:". Otherwise `tmpl` is
+// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, expanded as torch 2.x expands it
+// (Python's string.Template.safe_substitute): ${role_name} or $role_name,
+// ${rank} (global) and ${local_rank} are replaced, "$$" is one '$', any other
+// '$' text stays as written, and nothing (no ':') is appended.
+std::string log_line_prefix(const std::string& tmpl, const std::string& role, int rank,
+                            int local_rank);
+
 }  // namespace ctorchrun::agent

@@ -222,10 +222,43 @@ bool looks_like_value(const std::string& a) {
   return ec == std::errc() && end == a.data() + a.size();
 }
 
+// Every long option string ("--nproc-per-node", "--nproc_per_node", ...), in
+// the order the options were added, each option's spellings in their order.
+std::vector<std::string> long_option_strings(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& l : o->get_lnames()) out.push_back("--" + l);
+  }
+  return out;
+}
+
+// torchrun's argparse (allow_abbrev=True, CPython 3.11's _parse_optional and
+// _get_option_tuples): a long option that is not an option string is taken
+// as a prefix (of the part before '=') of the option strings. One match is
+// that option; several are an error listing them, even when they are the two
+// spellings of one option (argparse counts option strings, not options, so
+// "--nproc" could be --nproc-per-node or --nproc_per_node); none leaves
+// `name` unknown. `arg` is the whole argument, as argparse quotes it.
+std::string resolve_abbreviation(const CLI::App& app, const std::string& arg,
+                                 const std::string& name) {
+  std::vector<std::string> matches;
+  for (const std::string& s : long_option_strings(app)) {
+    if (s.compare(0, name.size(), name) == 0) matches.push_back(s);
+  }
+  if (matches.size() == 1) return matches.front();
+  if (matches.size() > 1) {
+    std::string list;
+    for (const std::string& m : matches) list += (list.empty() ? "" : ", ") + m;
+    throw UsageError("ambiguous option: " + arg + " could match " + list);
+  }
+  return name;
+}
+
 // Options before the script; the first argument that is not one (or the one
-// after a first "--") starts the script. An empty value unsets the options
-// in `empty_is_unset` and is an error for the others. The last occurrence of
-// an option wins.
+// after a first "--") starts the script. A long option may be abbreviated
+// (resolve_abbreviation); after the script nothing is. An empty value unsets
+// the options in `empty_is_unset` and is an error for the others. The last
+// occurrence of an option wins.
 SplitArgs split_argv(CLI::App& app, int argc, const char* const* argv,
                      const std::set<const CLI::Option*>& empty_is_unset) {
   SplitArgs out;
@@ -240,13 +273,19 @@ SplitArgs split_argv(CLI::App& app, int argc, const char* const* argv,
     if (a.size() < 2 || a[0] != '-') break;
     const bool is_long = a[1] == '-';
     const auto eq = is_long ? a.find('=') : std::string::npos;
-    const std::string name = is_long ? a.substr(0, eq) : a.substr(0, 2);
+    std::string name = is_long ? a.substr(0, eq) : a.substr(0, 2);
     const CLI::Option* o = app.get_option_no_throw(name);
+    std::string as_given = a;  // with an abbreviation written out in full
+    if (o == nullptr && is_long) {
+      name = resolve_abbreviation(app, a, name);
+      o = app.get_option_no_throw(name);
+      if (o != nullptr) as_given = name + (eq == std::string::npos ? "" : a.substr(eq));
+    }
     if (o != nullptr) out.spelled[o->get_name()] = name;
     if (o == nullptr || o->get_expected_min() == 0) {
       // An unknown option (CLI11 names it) or a flag: CLI11 takes it as is.
       if (o != nullptr) out.given.insert(o);
-      emitted.emplace_back(o, a);
+      emitted.emplace_back(o, as_given);
       continue;
     }
     std::string value;
@@ -276,8 +315,11 @@ SplitArgs split_argv(CLI::App& app, int argc, const char* const* argv,
 }
 
 constexpr const char* kFooter = R"(
-The training script and its arguments come last and are passed through untouched;
-an option before the script that ctorchrun does not know is an error. A first `--`
+The training script and its arguments come last and are passed through untouched.
+Before the script, as torchrun's argparse allows, a long option may be shortened to a
+prefix of exactly one option string (--nproc_per=4, --max-restart=3, --no-py); a prefix
+of several, even of one option's two spellings (--nproc), is an "ambiguous option"
+error, and an option ctorchrun does not know is an error too. A first `--`
 before the script is dropped and the next argument is the script, even if it starts
 with '-'. An empty value (--log_dir= or --log_dir '') unsets --log_dir, --local_addr,
 --rdzv_endpoint, --rdzv_conf and --local_ranks_filter; for the others it is an error.
@@ -383,8 +425,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
                   const std::string& help) {
     return with_env(app.add_flag(names, target), help, {env_name});
   };
-  opt("--nnodes", nnodes, "PET_NNODES",
-      "number of nodes, N or MIN:MAX (MIN:MAX needs the c10d backend)");
+  CLI::Option* nnodes_opt = opt("--nnodes", nnodes, "PET_NNODES",
+                                "number of nodes, N or MIN:MAX (MIN:MAX needs the c10d backend)");
   opt("--nproc-per-node,--nproc_per_node", nproc, "PET_NPROC_PER_NODE",
       "workers per node: N, cpu (one per CPU), gpu (one per GPU), auto (gpu if any, else cpu)")
       ->check(nproc_validator());
@@ -412,8 +454,10 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   opt("--rdzv-id,--rdzv_id", rdzv_id, "PET_RDZV_ID", "job id shared by all nodes");
   CLI::Option* conf_opt = opt("--rdzv-conf,--rdzv_conf", rdzv_conf, "PET_RDZV_CONF",
                               "KEY=VALUE,... rendezvous and hosted-store settings (keys below)");
-  flag("--standalone", standalone, "PET_STANDALONE",
-       "single node on a free local port (no master_addr/port needed)");
+  CLI::Option* standalone_opt =
+      flag("--standalone", standalone, "PET_STANDALONE",
+           "single node on a free local port (no master_addr/port needed); --nnodes other than 1 "
+           "is an error");
   opt("--start-method,--start_method", start_method, "PET_START_METHOD",
       "accepted for torchrun compatibility (spawn, fork, forkserver)")
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
@@ -435,7 +479,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "same syntax as --redirects");
   CLI::Option* filter_opt =
       opt("--local-ranks-filter,--local_ranks_filter", local_ranks_filter, "PET_LOCAL_RANKS_FILTER",
-          "comma-separated local ranks whose teed output reaches the console")
+          "comma-separated local ranks whose output reaches the console; the others print "
+          "nothing (teed streams go to their files only, the rest to /dev/null)")
           ->delimiter(',')
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
           ->check(CLI::Range(0, 1 << 20))
@@ -446,8 +491,10 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       "signals forwarded to the workers before the launcher exits with 128+N");
   opt("--event-log-handler,--event_log_handler", event_log_handler, "PET_EVENT_LOG_HANDLER",
       "accepted for torchrun compatibility; see --events_file");
-  opt("--logs-specs,--logs_specs", logs_specs, "PET_LOGS_SPECS",
-      "torchrun's plug-in log layouts are not supported; giving one is an error");
+  CLI::Option* logs_specs_opt =
+      opt("--logs-specs,--logs_specs", logs_specs, "PET_LOGS_SPECS",
+          "'default' (torchrun's own log layout) is accepted; other names are torchrun's Python "
+          "plugins, which ctorchrun cannot load (exit 2)");
   opt("--numa-binding,--numa_binding", numa_binding, "PET_NUMA_BINDING",
       "not supported yet; giving it is an error");
   opt("--shutdown-timeout,--shutdown_timeout", shutdown_timeout, "PET_SHUTDOWN_TIMEOUT",
@@ -484,6 +531,13 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
         break;
       }
     }
+    // Where an option's value came from, as the user wrote it: its spelling
+    // on the command line, else its environment variable.
+    auto source = [&](const CLI::Option* o, const std::string& env_name) -> std::string {
+      if (args.given.count(o) == 0) return env_name;
+      auto spelled = args.spelled.find(o->get_name());
+      return spelled == args.spelled.end() ? o->get_name() : spelled->second;
+    };
     const std::vector<std::string>& rest = args.script;
     if (rest.empty())
       throw UsageError("no training script given (ctorchrun [options] [--] SCRIPT [args...])");
@@ -517,14 +571,27 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     c.master_addr = master_addr;
     c.master_port = master_port;
     c.max_restarts = max_restarts;
-    if (!logs_specs.empty())
-      throw UsageError("--logs_specs: plug-in log layouts are not supported");
+    // torchrun loads --logs_specs NAME from the Python entry points of group
+    // torchrun.logs_specs; torch itself registers only "default", which is
+    // the layout ctorchrun writes.
+    if (!logs_specs.empty() && logs_specs != "default") {
+      throw UsageError(source(logs_specs_opt, "PET_LOGS_SPECS") + "=" + logs_specs +
+                       ": log-spec plugins are Python entry points (group torchrun.logs_specs) "
+                       "that ctorchrun cannot load; only 'default' is accepted");
+    }
     if (!numa_binding.empty()) throw UsageError("--numa_binding is not supported yet");
 
     // Rendezvous.
     c.run_id = rdzv_id;
     c.rdzv_backend = rdzv_backend;
     std::string etcd_scheme;  // of the etcd endpoints: "https", "http" or "" (none written)
+    if (standalone && (c.min_nodes != 1 || c.max_nodes != 1)) {
+      // torchrun would quietly run one node of a job that waits for more.
+      throw UsageError(source(standalone_opt, "PET_STANDALONE") + " runs exactly one node, but " +
+                       source(nnodes_opt, "PET_NNODES") + "=" + nnodes +
+                       " asks for more; leave it out (or give 1), or join the nodes with "
+                       "--rdzv_backend=c10d --rdzv_endpoint=HOST[:PORT]");
+    }
     if (standalone) {
       // One node on a free local port until dynamic rendezvous lands.
       c.rdzv_backend = "static";
@@ -657,6 +724,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     parse_std_map("--tee", tee, &c.tee_default, &c.tee);
     if (!local_ranks_filter.empty()) c.local_ranks_filter = local_ranks_filter;
     c.events_file = events_file;
+    c.log_line_prefix_template = getenv_or(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "");
     c.role = role;
 
     // What to run.

@@ -200,6 +200,23 @@ void apply_rdzv_conf(const std::string& text, const std::string& backend,
       }
       continue;
     }
+    // torch 2.x's c10d reads store_type: tcp (its default) or file (a
+    // FileStore at a path given as the endpoint). Every store ctorchrun hosts
+    // or joins is a TCP store, so tcp is taken silently by every backend.
+    if (key == "store_type") {
+      const std::string t = lower(value);
+      if (t == "file") {
+        throw ConfigError(
+            "--rdzv_conf store_type=file: ctorchrun's rendezvous store is a TCP store at "
+            "--rdzv_endpoint HOST:PORT; torch's file store is not supported (give tcp or leave "
+            "store_type out)");
+      }
+      if (t != "tcp") {
+        throw ConfigError("--rdzv_conf store_type='" + value +
+                          "': expected tcp (torch's file store is not supported)");
+      }
+      continue;
+    }
     // etcd-v3's TLS keys, under torch's names and the other usual spellings;
     // the command line checks them against the endpoints' schemes.
     std::string* file = nullptr;
@@ -296,22 +313,25 @@ std::string rdzv_conf_help() {
   }
   // The text keys of the etcd backend (read by the CLI, not in the table).
   struct TextRow {
-    const char *name, *type, *range, *default_text, *help;
+    const char *name, *type, *range, *default_text, *backends, *help;
   };
   static const TextRow text_rows[] = {
-      {"etcd_prefix", "text", "starts with /", "/ctorchrun",
+      {"store_type", "text", "tcp", "tcp", "all",
+       "torch 2.x's key, taken silently: every store is TCP (file is exit 2)"},
+      {"etcd_prefix", "text", "starts with /", "/ctorchrun", "etcd-v3",
        "where the rendezvous keys live in etcd"},
-      {"protocol", "text", "http, https", "from the endpoints",
+      {"protocol", "text", "http, https", "from the endpoints", "etcd-v3",
        "https: TLS with the members (as https:// endpoints do)"},
-      {"cacert", "path", "a PEM file", "system trust store",
+      {"cacert", "path", "a PEM file", "system trust store", "etcd-v3",
        "CA of the members' certificates (also ca_cert)"},
-      {"cert", "path", "a PEM file", "none",
+      {"cert", "path", "a PEM file", "none", "etcd-v3",
        "client certificate for mutual TLS, with key (also ssl_cert)"},
-      {"key", "path", "a PEM file", "none", "the client certificate's key (also ssl_cert_key)"},
+      {"key", "path", "a PEM file", "none", "etcd-v3",
+       "the client certificate's key (also ssl_cert_key)"},
   };
   for (const auto& r : text_rows) {
     std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", r.name, r.type, r.range,
-                  r.default_text, "etcd-v3", r.help);
+                  r.default_text, r.backends, r.help);
     out += line;
   }
   return out;

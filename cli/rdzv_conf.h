@@ -39,7 +39,8 @@ const std::vector<RdzvConfKey>& rdzv_conf_keys();
 // are skipped. A pair that is not KEY=VALUE, or a value outside its key's
 // type or range, throws ConfigError naming the key, the value and the range.
 // An unknown key, or one that `backend` does not read, adds one line to
-// `warnings` and is otherwise ignored.
+// `warnings` and is otherwise ignored. torch 2.x's store_type=tcp is taken
+// silently by every backend; store_type=file (or anything else) throws.
 void apply_rdzv_conf(const std::string& text, const std::string& backend,
                      agent::LaunchConfig* config, std::vector<std::string>* warnings);
 

@@ -87,8 +87,10 @@ struct WorkerSpec {
   std::string stderr_path;
   // Console prefix of teed lines, torchrun's "[default0]:" form.
   std::string prefix;
-  // false: teed lines of this worker stay off the console
-  // (--local_ranks_filter); its files are unaffected.
+  // false (--local_ranks_filter leaves this worker out): nothing of it
+  // reaches the console; teed streams go to their file only, and a stream
+  // neither redirected nor teed goes to /dev/null, as torch 2.x's
+  // DefaultLogsSpecs does. Its files are unaffected.
   bool console = true;
 };
 

@@ -665,7 +665,10 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   // read here: teed ones also go to the console, and a file that cannot be
   // written (a full disk, a file size limit) is noticed and reported, which
   // a file held by the worker itself would hide. Teed with the console
-  // filtered out is just redirected.
+  // filtered out is just redirected, and a stream neither redirected nor
+  // teed goes to /dev/null instead of the console (torch 2.x's
+  // DefaultLogsSpecs.reify does the same for the ranks --local_ranks_filter
+  // leaves out).
   const unsigned teed = spec.console ? spec.tee & kBoth : kNone;
   const unsigned to_file = (spec.redirects | spec.tee) & kBoth;
   auto open_file = [&](const std::string& path, const char* stream) {
@@ -696,6 +699,11 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   UniqueFd out_read, out_write, err_read, err_write;
   if (to_file & kStdout) make_pipe(out_read, out_write);
   if ((to_file & kStderr) && !one_pipe) make_pipe(err_read, err_write);
+  UniqueFd null_out;
+  if (!spec.console && (to_file & kBoth) != kBoth) {
+    null_out.reset(::open("/dev/null", O_WRONLY | O_CLOEXEC));
+    if (null_out.get() < 0) throw fail(std::string("/dev/null: ") + std::strerror(errno));
+  }
 
   std::vector<std::string> env_strings;
   env_strings.reserve(spec.env.size());
@@ -714,8 +722,10 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   setup.argv = argv.data();
   setup.envp = envp.data();
   setup.cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
-  setup.stdout_fd = out_write.get();
-  setup.stderr_fd = one_pipe ? out_write.get() : err_write.get();
+  setup.stdout_fd = (to_file & kStdout) ? out_write.get() : null_out.get();
+  setup.stderr_fd = one_pipe              ? out_write.get()
+                    : (to_file & kStderr) ? err_write.get()
+                                          : null_out.get();
   setup.agent_pid = agent_pid_;
   setup.watcher_fd = watcher_->channel_fd();
   setup.failed_pid = &failed_pid;

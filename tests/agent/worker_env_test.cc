@@ -101,3 +101,22 @@ TEST_CASE("failure summary: reads torch's @record error file", "[unit]") {
   CHECK(r.message == "Traceback...\nValueError: boom");
   std::remove(path.c_str());
 }
+
+TEST_CASE("worker env: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE expands as Python's Template does",
+          "[unit]") {
+  CHECK(log_line_prefix("", "trainer", 5, 1) == "[trainer1]:");  // torchrun's default
+  // The expected values are Python's string.Template(t).safe_substitute(
+  // role_name="trainer", rank=5, local_rank=1), which torch 2.x uses, verbatim.
+  const std::pair<const char*, const char*> cases[] = {
+      {"[${role_name}${local_rank}]:", "[trainer1]:"},
+      {"[${rank}]:", "[5]:"},
+      {"$rank|$local_rank|$role_name ", "5|1|trainer "},
+      {"${rank}0 $rank0 $$rank $ ${rank ${} $1 ${RANK} $Rank ${nope} end$",
+       "50 $rank0 $rank $ ${rank ${} $1 ${RANK} $Rank ${nope} end$"},
+      {"rank=${rank}, lr=${local_rank}:", "rank=5, lr=1:"},
+  };
+  for (const auto& [tmpl, expected] : cases) {
+    INFO(tmpl);
+    CHECK(log_line_prefix(tmpl, "trainer", 5, 1) == expected);
+  }
+}

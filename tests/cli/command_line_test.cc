@@ -3,9 +3,14 @@
 
 #include "cli/command_line.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
 
+#include "cli/rdzv_conf.h"
 #include "tests/cli/parse_support.h"
+#include "tests/support/process.h"
 
 using namespace ctorchrun;
 using namespace ctorchrun::testing;
@@ -115,7 +120,7 @@ TEST_CASE("command line: bad input is one clear line and exit code 2", "[unit]")
   require_usage_error({"--nnodes=2", "--node_rank=2", "s.py"}, "must be below --nnodes=2");
   require_usage_error({"--master_port=70000", "s.py"}, "--master_port: Value 70000 not in range");
   require_usage_error({"--bogus", "s.py"}, "--bogus");
-  require_usage_error({"--nproc", "2", "s.py"}, "--nproc");  // no abbreviations
+  require_usage_error({"--nproc", "2", "s.py"}, "--nproc");  // ambiguous: both spellings
   require_usage_error({"--nproc_per_node=2"}, "no training script");
   require_usage_error({"-m", "--no_python", "x"}, "cannot be used together");
   require_usage_error({"--redirects=4", "s.py"}, "--redirects");
@@ -159,4 +164,303 @@ TEST_CASE("command line: --help documents every option, the variables and the ex
     INFO(s);
     CHECK(r.message.find(s) != std::string::npos);
   }
+}
+
+TEST_CASE("command line: --logs_specs default is accepted, a plugin name is exit 2 in one line",
+          "[unit]") {
+  for (const char* spelling : {"--logs_specs=default", "--logs-specs=default"}) {
+    auto r = parse({spelling, "s.py"});
+    INFO(spelling << ": " << r.message);
+    CHECK(r.kind == ParseOutcome::Kind::kRun);
+  }
+  auto r = parse({"s.py"}, {{"PET_LOGS_SPECS", "default"}});
+  CHECK(r.kind == ParseOutcome::Kind::kRun);
+
+  require_usage_error({"--logs_specs=my_layout", "s.py"},
+                      "--logs_specs=my_layout: log-spec plugins are Python entry points");
+  require_usage_error({"--logs-specs", "my_layout", "s.py"}, "--logs-specs=my_layout: ");
+  r = parse({"s.py"}, {{"PET_LOGS_SPECS", "my_layout"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kExit);
+  CHECK(r.exit_code == 2);
+  CHECK(r.message.find("PET_LOGS_SPECS=my_layout: ") != std::string::npos);
+  CHECK(r.message.find("cannot load") != std::string::npos);
+  CHECK(r.message.find('\n') == std::string::npos);
+}
+
+TEST_CASE("command line: a unique prefix of a long option before the script is that option",
+          "[unit]") {
+  auto r = parse({"--nproc-per=3", "--max-restart", "2", "--no-py", "--stan", "--rdzv_c=timeout=5",
+                  "./w", "--nproc", "--max"});
+  INFO(r.message);
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.nproc_per_node == 3);
+  CHECK(r.config.max_restarts == 2);
+  CHECK(r.config.master_port == 0);  // standalone
+  CHECK(r.config.rdzv_timeout == std::chrono::milliseconds(5000));
+  // After the script nothing is expanded or refused.
+  CHECK(r.config.entrypoint == std::vector<std::string>{"./w", "--nproc", "--max"});
+  // Our own options take part, in both spellings.
+  r = parse({"--shutdown_t=4", "--exit-barrier=7", "--events_f=/tmp/e.json", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.shutdown_timeout == std::chrono::milliseconds(4000));
+  CHECK(r.config.exit_barrier_timeout == std::chrono::milliseconds(7000));
+  CHECK(r.config.events_file == "/tmp/e.json");
+  // An empty value names the option in full.
+  require_usage_error({"--rdzv_i=", "s.py"}, "--rdzv_id: the value is empty");
+}
+
+TEST_CASE("command line: a prefix of several option strings is ambiguous, as argparse says",
+          "[unit]") {
+  // argparse counts option strings, not options: the two spellings of one
+  // option make a prefix of both ambiguous.
+  require_usage_error({"--nproc=2", "s.py"},
+                      "ambiguous option: --nproc=2 could match --nproc-per-node, --nproc_per_node");
+  require_usage_error({"--ma", "1", "s.py"},
+                      "ambiguous option: --ma could match --master-addr, --master_addr, "
+                      "--master-port, --master_port, --max-restarts, --max_restarts");
+  require_usage_error({"--shut=3", "s.py"}, "could match --shutdown-timeout, --shutdown_timeout");
+  require_usage_error({"--event=x", "s.py"},
+                      "could match --event-log-handler, --event_log_handler, --events-file, "
+                      "--events_file");
+  require_usage_error({"--nopython", "s.py"}, "--nopython");  // no prefix of anything: unknown
+}
+
+namespace {
+
+// What a parser made of one command line, comparable between argparse and
+// ours: "ok", "ambiguous: <matching option strings, sorted>", or "error".
+std::string verdict_of_message(bool ok, const std::string& message) {
+  if (ok) return "ok";
+  const std::string marker = " could match ";
+  auto at = message.find(marker);
+  if (message.find("ambiguous option: ") == std::string::npos || at == std::string::npos)
+    return "error";
+  std::vector<std::string> names;
+  std::stringstream ss(message.substr(at + marker.size()));
+  std::string n;
+  while (std::getline(ss, n, ',')) {
+    n.erase(0, n.find_first_not_of(' '));
+    names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  std::string out = "ambiguous:";
+  for (const auto& name : names) out += " " + name;
+  return out;
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string w;
+  while (ss >> w) out.push_back(w);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("command line: long-option prefixes are accepted and refused as torchrun's argparse does",
+          "[torch]") {
+  // Our option strings, in order: "--=" is a prefix of every long option
+  // string, so argparse (and we) list them all as its matches.
+  auto all = parse({"--=1", "s.py"});
+  REQUIRE(all.kind == ParseOutcome::Kind::kExit);
+  const std::string marker = " could match ";
+  REQUIRE(all.message.find(marker) != std::string::npos);
+  std::string ours = all.message.substr(all.message.find(marker) + marker.size());
+  ours.erase(std::remove(ours.begin(), ours.end(), ','), ours.end());
+
+  // Torchrun 1.13's own parser (get_args_parser(), argparse with
+  // allow_abbrev) has the underscore spellings only, and none of our own
+  // options, and an option string it lacks changes which prefixes are
+  // ambiguous. So its parser is extended first with the option strings only
+  // ctorchrun has: a hyphen spelling shares its underscore twin's action, as
+  // torch 2.x registers both spellings of one option; our own options
+  // (--shutdown_timeout, --events_file, torch 2.x's --local_ranks_filter...)
+  // are added as options taking a value, --version as a flag. The same
+  // strings then meet the same prefixes, and argparse decides.
+  const char* kScript = R"PY(
+import sys
+from torch.distributed.run import get_args_parser
+p = get_args_parser()
+acts = p._option_string_actions
+for s in sys.argv[1].split():
+    if s in acts:
+        continue
+    twin = '--' + s[2:].replace('-', '_')
+    if twin in acts:
+        acts[s] = acts[twin]
+    else:
+        p.add_argument(s, action='store_true' if s == '--version' else 'store')
+class Refused(Exception):
+    pass
+def error(message):
+    raise Refused(message)
+p.error = error
+for case in sys.argv[2:]:
+    try:
+        p.parse_args(case.split() + ['s.py'])
+        print('ok')
+    except Refused as e:
+        print('refused ' + str(e))
+)PY";
+  // Each case is the options before the script, split at blanks. Prefixes
+  // of --help (argparse prints help and exits 0) are left out.
+  const std::vector<std::string> cases = {"--nproc-per=2",
+                                          "--nproc_per=2",
+                                          "--nproc-per 2",
+                                          "--nproc=2",
+                                          "--nproc 2",
+                                          "--nn=1",
+                                          "--n=1",
+                                          "--max-restart=1",
+                                          "--max_r=1",
+                                          "--max=1",
+                                          "--ma=1",
+                                          "--mast=x",
+                                          "--master-a=127.0.0.1",
+                                          "--master_p=29500",
+                                          "--no-py",
+                                          "--no_p",
+                                          "--no",
+                                          "--node=0",
+                                          "--node-r=0",
+                                          "--stand",
+                                          "--s",
+                                          "--st",
+                                          "--stan",
+                                          "--start=spawn",
+                                          "--start-m=spawn",
+                                          "--rdzv-b=static",
+                                          "--rdzv_e=127.0.0.1:29500",
+                                          "--rdzv=x",
+                                          "--rdzv_i=x",
+                                          "--rdzv-c=timeout=5",
+                                          "--mon=1",
+                                          "--monitor_=1",
+                                          "--mo",
+                                          "--mod",
+                                          "--ro=x",
+                                          "--ru",
+                                          "--run_",
+                                          "--log_d=/tmp/x",
+                                          "--log=/tmp/x",
+                                          "--logs=default",
+                                          "--red=0",
+                                          "--te=0",
+                                          "--local_r=0",
+                                          "--local=x",
+                                          "--shut=5",
+                                          "--shutdown_=5",
+                                          "--events=f",
+                                          "--event=x",
+                                          "--exit=5",
+                                          "--exit_b=5",
+                                          "--exit-barrier=5",
+                                          "--sig=SIGTERM",
+                                          "--=1",
+                                          "--nproc-per=2 --max_r=1 --stan"};
+  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON, "-c", kScript, ours};
+  argv.insert(argv.end(), cases.begin(), cases.end());
+  ctorchrun::testing::Process py(argv);
+  std::vector<std::string> lines;
+  while (auto line = py.read_line(std::chrono::seconds(60))) lines.push_back(*line);
+  REQUIRE(py.exit_code(std::chrono::seconds(10)) == 0);
+  REQUIRE(lines.size() == cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const bool py_ok = lines[i] == "ok";
+    const std::string py_verdict =
+        verdict_of_message(py_ok, py_ok ? "" : lines[i].substr(lines[i].find(' ') + 1));
+    std::vector<std::string> args = split_words(cases[i]);
+    args.push_back("s.py");
+    auto r = parse(args);
+    const std::string our_verdict =
+        verdict_of_message(r.kind == ParseOutcome::Kind::kRun, r.message);
+    INFO("case: " << cases[i] << "\nargparse: " << lines[i] << "\nours: " << r.message);
+    CHECK(our_verdict == py_verdict);
+  }
+}
+
+TEST_CASE("command line: --rdzv_conf store_type=tcp is taken without a warning, file is exit 2",
+          "[unit]") {
+  for (const char* backend : {"--rdzv_backend=static", "--rdzv_backend=c10d"}) {
+    auto r = parse({backend, "--rdzv_endpoint=127.0.0.1:29400",
+                    "--rdzv_conf=store_type=tcp,join_timeout=7", "s.py"});
+    INFO(backend << ": " << r.message);
+    REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+    for (const auto& w : r.warnings) CHECK(w.find("store_type") == std::string::npos);
+  }
+  auto r = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29400",
+                  "--rdzv_conf=store_type= TCP ", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.warnings.empty());
+  require_usage_error(
+      {"--rdzv_backend=c10d", "--rdzv_endpoint=/tmp/rdzv", "--rdzv_conf=store_type=file", "s.py"},
+      "store_type=file: ctorchrun's rendezvous store is a TCP store");
+  require_usage_error({"--rdzv_conf=store_type=redis", "s.py"}, "store_type='redis': expected tcp");
+}
+
+TEST_CASE("command line: --standalone with more than one node is exit 2 naming both options",
+          "[unit]") {
+  require_usage_error({"--standalone", "--nnodes=2", "s.py"},
+                      "--standalone runs exactly one node, but --nnodes=2 asks for more");
+  require_usage_error({"--nnodes", "1:4", "--standalone", "s.py"},
+                      "--standalone runs exactly one node, but --nnodes=1:4");
+  require_usage_error({"--nnodes=2:2", "--standalone", "s.py"}, "--nnodes=2:2");
+  auto r = parse({"--standalone", "s.py"}, {{"PET_NNODES", "3"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kExit);
+  CHECK(r.exit_code == 2);
+  CHECK(r.message.find("--standalone runs exactly one node, but PET_NNODES=3") !=
+        std::string::npos);
+  r = parse({"--nnodes=2", "s.py"}, {{"PET_STANDALONE", "1"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kExit);
+  CHECK(r.message.find("PET_STANDALONE runs exactly one node, but --nnodes=2") !=
+        std::string::npos);
+  for (const char* one : {"--nnodes=1", "--nnodes=1:1"}) {
+    r = parse({"--standalone", one, "s.py"});
+    INFO(one << ": " << r.message);
+    REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+    CHECK(r.config.nnodes() == 1);
+  }
+}
+
+TEST_CASE("command line: the README's --rdzv_conf table names the backends that read each key",
+          "[unit]") {
+  // The table in cli/rdzv_conf.cc is what the code applies (and what --help
+  // prints); the README's copy must say the same.
+  std::ifstream f(std::string(CTORCHRUN_SOURCE_DIR) + "/README.md");
+  std::string line;
+  std::map<std::string, std::string> readme_backends;
+  while (std::getline(f, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, '|')) {
+      cell.erase(0, cell.find_first_not_of(' '));
+      cell.erase(cell.find_last_not_of(' ') + 1);
+      cells.push_back(cell);
+    }
+    // "  | `key` | type | range | default | backends | meaning |"
+    if (cells.size() >= 7 && cells[1].size() > 2 && cells[1].front() == '`') {
+      readme_backends[cells[1].substr(1, cells[1].size() - 2)] = cells[5];
+    }
+  }
+  auto help = parse({"--help"});
+  for (const auto& k : cli::rdzv_conf_keys()) {
+    INFO(k.name);
+    REQUIRE(readme_backends.count(k.name));
+    CHECK(readme_backends[k.name] == k.backends);
+    // --help prints the same table row.
+    CHECK(help.message.find(std::string(k.name)) != std::string::npos);
+    auto row = help.message.substr(help.message.find(std::string("  ") + k.name + " "));
+    row = row.substr(0, row.find('\n'));
+    CHECK(row.find(k.backends) != std::string::npos);
+  }
+}
+
+TEST_CASE("command line: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE reaches the launch config",
+          "[unit]") {
+  auto r = parse({"s.py"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]:"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.log_line_prefix_template == "[${rank}]:");
+  CHECK(parse({"s.py"}).config.log_line_prefix_template.empty());
 }
