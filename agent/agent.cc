@@ -361,7 +361,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     s.redirects = c_.redirects_for(lr) & ~s.tee;
     s.stdout_path = dir + "/stdout.log";
     s.stderr_path = dir + "/stderr.log";
-    s.prefix = "[" + c_.role + std::to_string(lr) + "]:";
+    s.prefix = log_line_prefix(c_.log_line_prefix_template, c_.role, p.global_rank, lr);
     if (c_.local_ranks_filter) {
       const auto& f = *c_.local_ranks_filter;
       s.console = std::find(f.begin(), f.end(), lr) != f.end();

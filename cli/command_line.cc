@@ -329,8 +329,9 @@ $PYTHON is $CTORCHRUN_PYTHON, else $PYTHON_EXEC, else python3 from PATH.
 Every option can also be set as PET_<NAME> in the environment (PET_NPROC_PER_NODE=4),
 as with torchrun; the command line wins, an empty variable counts as unset. Other
 variables read: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
-TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT, OMP_NUM_THREADS (set to 1 for the workers when
-unset and nproc_per_node > 1).
+TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (the teed
+lines' prefix: ${role_name}, ${rank}, ${local_rank}), OMP_NUM_THREADS (set to 1 for
+the workers when unset and nproc_per_node > 1).
 
 Workers get torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR,

@@ -119,6 +119,20 @@ TEST_CASE("ctorchrun: a worker that fails once is restarted and the job succeeds
   CHECK(r.output.find("SIGSEGV") != std::string::npos);
 }
 
+TEST_CASE(
+    "ctorchrun: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE sets the teed lines' prefix, as torchrun "
+    "2.x's agent does",
+    "[multiproc]") {
+  auto r = run_ctorchrun(
+      concat({"--standalone", "--nproc_per_node=2", "--tee=3", "--role=w"}, sh("echo out-$RANK")),
+      {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${role_name}|${rank}|${local_rank}>"}});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("<w|0|0>out-0") != std::string::npos);
+  CHECK(r.output.find("<w|1|1>out-1") != std::string::npos);
+  CHECK(r.output.find("[w0]:") == std::string::npos);
+}
+
 TEST_CASE("ctorchrun: --log_dir keeps torchrun's layout, --redirects and --tee route output",
           "[multiproc]") {
   TempDir d;
