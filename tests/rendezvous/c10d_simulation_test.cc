@@ -1,0 +1,719 @@
+// A deterministic simulation of the c10d elastic rendezvous: 2 to 6 agents,
+// each driving the real C10dState and C10dRoundWatch as C10dHandler and the
+// agent do, against one shared HashStore, stepped one at a time by a
+// scheduler seeded from a number, on a virtual clock (no sleeps, no threads).
+//
+// Each agent is a small state machine:
+//
+//   absent --arrive: join()--> forming --poll() returns a round--> running
+//      ^                        |   ^                                  |
+//      |                        |   +--- rejoin() (the round gives way)+
+//      +--- killed, exits (an IoError on its main path), leaves -------+
+//
+// forming: poll(), then wait on wait_key() for one slice (wait_slice), as
+// C10dHandler::form_round does: runnable when the key exists or the slice
+// has passed. running: C10dRoundWatch::check(attempt) once a monitor tick.
+//
+// Random events: a node arrives; a running round's workers fail (the restart
+// count moves on); a node is killed (its bound keys vanish and their gone
+// markers appear: testing::BoundKeyStore); a node stalls for a while and
+// resumes; an answer is lost after its call applied (testing::FaultStore;
+// on the main path the node exits as the real handler does, on the monitor's
+// path the watch is opened anew); time passes.
+//
+// After every step the invariants are checked (Sim::check); a violation
+// fails the test with the seed, the step and the last events.
+//
+// Environment:
+//   CTORCHRUN_SIM_SEEDS=N       how many seeds (default 2000)
+//   CTORCHRUN_SIM_SEED=S        run seed S alone, printing every event
+//   CTORCHRUN_SIM_FAULTS=a,b    faults beyond the default ones:
+//     entrants  kill (or lose an answer of) a node that entered a forming
+//               round, not only a running member
+//     leave     running members leave on purpose (withdraw their presence)
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "rendezvous/c10d_handler.h"
+#include "rendezvous/c10d_state.h"
+#include "store/hash_store.h"
+#include "store/protocol.h"
+#include "tests/support/fault_store.h"
+
+using namespace ctorchrun;
+using rendezvous::C10dRound;
+using rendezvous::C10dRoundWatch;
+using rendezvous::C10dSettings;
+using rendezvous::C10dState;
+using rendezvous::MembershipChange;
+using rendezvous::NodeInfo;
+using std::chrono::milliseconds;
+using testing::BoundKeyStore;
+using testing::FaultStore;
+
+namespace {
+
+struct SimOptions {
+  bool kill_entrants = false;  // faults may hit nodes that entered a forming round
+  bool leave = false;          // running members may leave on purpose
+  bool verbose = false;        // print every event as it happens
+};
+
+// An invariant broke: what, at which step.
+struct Violation {
+  std::string what;
+};
+
+enum class Phase { kAbsent, kForming, kRunning };
+
+struct Agent {
+  int id = 0;
+  int incarnation = 0;
+  Phase phase = Phase::kAbsent;
+  std::shared_ptr<BoundKeyStore> presence;  // this agent's presence connection
+  std::shared_ptr<FaultStore> job;          // its main connection
+  std::shared_ptr<FaultStore> monitor;      // the monitor's connection
+  std::unique_ptr<C10dState> state;
+  std::optional<C10dRound> round;  // the last round it ran
+  std::unique_ptr<C10dRoundWatch> watch;
+  int attempt = 0;
+  int64_t wake_at = 0;          // forming: the slice's end; running: the next tick
+  std::string wait_key;         // forming: the key that ends the wait early
+  int64_t stalled_until = -1;   // >= now: stalled
+  int64_t arrive_at = -1;       // absent: when it arrives (-1: never)
+  int64_t eligible_since = -1;  // forming: since when it should be admitted (-1: not due)
+  std::string presence_key;     // running: present/<g> of its round
+  int lost_before = 0;          // answers lost on its connections, seen so far
+
+  bool live() const { return phase != Phase::kAbsent; }
+  std::string name() const { return "a" + std::to_string(id) + "." + std::to_string(incarnation); }
+  int pid() const { return 1000 * (id + 1) + incarnation; }
+};
+
+std::string slots_text(const std::vector<std::string>& slots) {
+  std::string s;
+  for (const auto& x : slots) s += (s.empty() ? "" : " ") + x;
+  return "[" + s + "]";
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : " ") + std::to_string(r);
+  return "[" + s + "]";
+}
+
+class Sim {
+ public:
+  Sim(uint64_t seed, SimOptions options) : seed_(seed), opt_(options), rng_(seed) {
+    settings_.max_nodes = 1 + pick(4);
+    settings_.min_nodes = 1 + pick(settings_.max_nodes);
+    settings_.max_restarts = 1000;
+    settings_.entrypoint = "train.py";
+    agents_.resize(static_cast<size_t>(2 + pick(5)));
+    for (size_t i = 0; i < agents_.size(); ++i) agents_[i].id = static_cast<int>(i);
+    timing_.last_call_timeout = milliseconds(pick(2) == 0 ? 1'000 : 3'000);
+    timing_.claim_timeout = milliseconds(pick(2) == 0 ? 1'000 : 2'000);
+    timing_.closed_window = milliseconds(600'000);
+    poll_ms_ = 1'000;
+    monitor_ms_ = 500;
+    // The longest a willing node may legitimately wait, once nothing
+    // disturbs the job: an admission (last call since the round formed, a
+    // monitor tick), the members' return, a last call and a silent claim.
+    bound_ms_ = 2 * timing_.last_call_timeout.count() + timing_.claim_timeout.count() +
+                4 * poll_ms_ + 4 * monitor_ms_;
+    faults_until_ = 40 * timing_.last_call_timeout.count() + 40'000;
+    end_at_ = faults_until_ + 3 * bound_ms_;
+    for (auto& a : agents_) a.arrive_at = pick(static_cast<int>(faults_until_ / 2));
+    next_fault_at_ = 1'000 + pick(static_cast<int>(faults_until_ / 4));
+    store_ = std::make_shared<store::HashStore>();
+  }
+
+  // Runs the seed; the violation found, if any.
+  std::optional<std::string> run() {
+    try {
+      while (now_ <= end_at_) {
+        ++step_;
+        CTORCHRUN_CHECK(step_ < 200'000, "runaway simulation");
+        one_step();
+        check();
+      }
+      return std::nullopt;
+    } catch (const Violation& v) {
+      std::ostringstream out;
+      out << "seed " << seed_ << ": " << v.what << "\n  at step " << step_ << ", t=" << now_
+          << " ms; nnodes " << settings_.min_nodes << ":" << settings_.max_nodes << ", "
+          << agents_.size() << " agents, last_call " << timing_.last_call_timeout.count()
+          << " ms, claim " << timing_.claim_timeout.count() << " ms\n  last events:\n";
+      for (const auto& e : trace_) out << "    " << e << "\n";
+      out << "  replay: CTORCHRUN_SIM_SEED=" << seed_ << faults_text()
+          << " bin/rendezvous_tests '[sim]'";
+      return out.str();
+    }
+  }
+
+  int kills = 0, exits = 0, stalls = 0, lost_answers = 0, failures = 0, leaves = 0, rounds = 0;
+
+ private:
+  // ---- randomness and bookkeeping ----------------------------------------
+
+  int pick(int n) { return static_cast<int>(rng_() % static_cast<uint64_t>(n)); }
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+
+  std::string faults_text() const {
+    std::string s;
+    if (opt_.kill_entrants) s += "entrants";
+    if (opt_.leave) s += std::string(s.empty() ? "" : ",") + "leave";
+    return s.empty() ? "" : " CTORCHRUN_SIM_FAULTS=" + s;
+  }
+
+  void event(const std::string& what) {
+    std::string line = "step " + std::to_string(step_) + " t=" + std::to_string(now_) + " " + what;
+    if (opt_.verbose) std::cout << line << "\n";
+    trace_.push_back(std::move(line));
+    if (trace_.size() > 30) trace_.pop_front();
+  }
+
+  [[noreturn]] void violate(const std::string& what) { throw Violation{what}; }
+
+  C10dState::Clock::time_point clock() const {
+    return C10dState::Clock::time_point(milliseconds(now_));
+  }
+  C10dState::WallClock::time_point wall() const {
+    return C10dState::WallClock::time_point(std::chrono::hours(24 * 365 * 50)) + milliseconds(now_);
+  }
+  std::function<C10dState::Clock::time_point()> now_fn() {
+    return [this] { return clock(); };
+  }
+
+  bool exists(const std::string& key) { return store_->check({key}); }
+
+  bool stalled(const Agent& a) const { return a.stalled_until >= now_; }
+
+  bool runnable(Agent& a) {
+    if (!a.live() || stalled(a)) return false;
+    if (now_ >= a.wake_at) return true;
+    return a.phase == Phase::kForming && !a.wait_key.empty() && exists(a.wait_key);
+  }
+
+  // Something that delays the job legitimately: the liveness bounds count
+  // from the last one.
+  void disturbed() { last_disturbance_ = now_; }
+
+  // ---- the scheduler -------------------------------------------------------
+
+  void one_step() {
+    for (auto& a : agents_) {
+      if (a.live() && a.stalled_until >= 0 && a.stalled_until < now_) {
+        a.stalled_until = -1;
+        disturbed();
+        event(a.name() + " resumes");
+      }
+    }
+    for (auto& a : agents_) {
+      if (!a.live() && a.arrive_at >= 0 && a.arrive_at <= now_) {
+        a.arrive_at = -1;
+        arrive(a, now_ < faults_until_);
+        return;
+      }
+    }
+    if (next_fault_at_ <= now_) {
+      next_fault_at_ = now_ + 500 + pick(static_cast<int>(4 * timing_.last_call_timeout.count()));
+      if (now_ < faults_until_) fault();
+      return;
+    }
+    std::vector<Agent*> ready;
+    for (auto& a : agents_) {
+      if (runnable(a)) ready.push_back(&a);
+    }
+    if (!ready.empty() && !chance(0.05)) {
+      step(*ready[static_cast<size_t>(pick(static_cast<int>(ready.size())))]);
+      return;
+    }
+    // Time passes: to the next event, or a little.
+    int64_t next = std::min(now_ + poll_ms_, next_fault_at_);
+    for (auto& a : agents_) {
+      if (a.live()) next = std::min(next, stalled(a) ? a.stalled_until + 1 : a.wake_at);
+      if (!a.live() && a.arrive_at >= 0) next = std::min(next, a.arrive_at);
+    }
+    now_ = std::max(now_ + 1, next) + (chance(0.3) ? pick(50) : 0);
+  }
+
+  void fault() {
+    std::vector<Agent*> live, running;
+    for (auto& a : agents_) {
+      if (a.live() && !stalled(a)) live.push_back(&a);
+      if (a.phase == Phase::kRunning && !stalled(a)) running.push_back(&a);
+    }
+    auto any = [&](std::vector<Agent*>& v) -> Agent& {
+      return *v[static_cast<size_t>(pick(static_cast<int>(v.size())))];
+    };
+    switch (pick(opt_.leave ? 6 : 5)) {
+      case 0: {
+        std::vector<Agent*> victims;
+        for (Agent* a : live) {
+          if (a->phase == Phase::kRunning || opt_.kill_entrants) victims.push_back(a);
+        }
+        if (victims.empty()) return;
+        ++kills;
+        Agent& v = any(victims);
+        end_agent(v, "is killed");
+        return;
+      }
+      case 1: {
+        if (live.empty()) return;
+        Agent& a = any(live);
+        a.stalled_until =
+            now_ + 200 + pick(static_cast<int>(3 * timing_.last_call_timeout.count()));
+        ++stalls;
+        disturbed();
+        event(a.name() + " stalls until t=" + std::to_string(a.stalled_until));
+        return;
+      }
+      case 2:
+        if (!running.empty()) worker_failure(any(running));
+        return;
+      case 3:
+      case 4:
+        if (!live.empty()) arm_lost_answer(any(live));
+        return;
+      default:
+        if (!running.empty()) leave(any(running));
+        return;
+    }
+  }
+
+  void step(Agent& a) {
+    const int lost = a.job->answers_lost() + a.monitor->answers_lost();
+    if (a.phase == Phase::kForming) {
+      step_forming(a);
+    } else {
+      step_running(a);
+    }
+    if (a.live() && lost != a.job->answers_lost() + a.monitor->answers_lost()) disturbed();
+  }
+
+  // ---- agents --------------------------------------------------------------
+
+  void arrive(Agent& a, bool faults) {
+    a.presence = std::make_shared<BoundKeyStore>(store_);
+    a.job = std::make_shared<FaultStore>(store_);
+    a.monitor = std::make_shared<FaultStore>(store_);
+    a.job->refuse_waiting_reads(true);
+    a.monitor->refuse_waiting_reads(true);
+    NodeInfo me;
+    me.local_world_size = 1 + a.id % 2;
+    me.host = "node" + std::to_string(a.id);
+    me.pid = a.pid();
+    a.state = std::make_unique<C10dState>(
+        *a.job, settings_, me, timing_, now_fn(), [this] { return wall(); }, a.presence.get());
+    a.phase = Phase::kForming;
+    a.attempt = 0;
+    a.round.reset();
+    a.watch.reset();
+    a.presence_key.clear();
+    a.stalled_until = -1;
+    a.eligible_since = -1;
+    if (faults && chance(0.05)) {
+      // A connection that drops while joining, before this node's record is
+      // anywhere a roster builder reads it.
+      static const std::pair<FaultStore::Op, const char*> kJoinOps[] = {
+          {FaultStore::Op::kAdd, "generation"},
+          {FaultStore::Op::kCompareSet, "rdzv/settings"},
+          {FaultStore::Op::kTallyAdd, "/joined"}};
+      const auto& op = kJoinOps[pick(3)];
+      a.job->lose_answer(op.first, 1, op.second);
+    }
+    try {
+      a.state->join();
+    } catch (const IoError& e) {
+      ++exits;
+      disturbed();
+      end_agent(a, std::string("exits: join lost the store (") + e.what() + ")");
+      return;
+    } catch (const testing::WouldWaitError& e) {
+      violate(a.name() + " join(): " + e.what());
+    }
+    entered(a, "arrives");
+    a.wake_at = now_;
+  }
+
+  // After join, rejoin or a poll: which slot of which round this agent holds.
+  void entered(Agent& a, const std::string& how) {
+    const auto k = std::make_tuple(a.state->generation(), a.state->round(), a.state->slot());
+    auto it = slot_holder_.find(k);
+    if (it != slot_holder_.end() && it->second != a.pid()) {
+      violate("slot " + a.state->slot() + " of round " + std::to_string(a.state->round()) +
+              " given twice: pid " + std::to_string(it->second) + " and " + a.name());
+    }
+    if (it == slot_holder_.end()) {
+      slot_holder_[k] = a.pid();
+      event(a.name() + " " + how + ": enters round " + std::to_string(a.state->round()) + " as " +
+            a.state->slot() + (a.state->waiting() ? " (waiting)" : ""));
+    }
+  }
+
+  void schedule_poll(Agent& a) {
+    const auto slice = rendezvous::wait_slice(milliseconds(poll_ms_), a.state->until_last_call(),
+                                              milliseconds(600'000));
+    a.wake_at = now_ + slice.count();
+    a.wait_key = a.state->wait_key();
+  }
+
+  void step_forming(Agent& a) {
+    std::optional<C10dRound> r;
+    try {
+      r = a.state->poll();
+    } catch (const testing::WouldWaitError& e) {
+      violate(a.name() + " poll() in round " + std::to_string(a.state->round()) + " (slot " +
+              a.state->slot() + ") would wait for the store's timeout: " + e.what());
+    } catch (const IoError& e) {
+      ++exits;
+      disturbed();
+      end_agent(a, std::string("exits: poll lost the store (") + e.what() + ")");
+      return;
+    } catch (const Error& e) {
+      violate(a.name() + " poll() threw: " + e.what());
+    }
+    if (!r) {
+      entered(a, "left out");
+      schedule_poll(a);
+      return;
+    }
+    start_round(a, *r);
+  }
+
+  void start_round(Agent& a, const C10dRound& r) {
+    check_roster(a, r);
+    // C10dHandler::round_info: this member's presence, bound to its agent.
+    try {
+      if (!a.presence_key.empty()) a.presence->delete_key(a.presence_key);
+      a.presence_key = C10dRoundWatch::present_key(r.generation, r.round, r.group_rank);
+      a.presence->set(a.presence_key, std::to_string(a.pid()));
+    } catch (const IoError& e) {
+      violate(a.name() + " presence: " + e.what());
+    }
+    a.round = r;
+    a.attempt = std::max(a.attempt, r.attempt);
+    a.watch.reset();
+    a.phase = Phase::kRunning;
+    a.wake_at = now_ + monitor_ms_;
+    a.wait_key.clear();
+    a.eligible_since = -1;
+    event(a.name() + " runs round " + std::to_string(r.round) + " as group rank " +
+          std::to_string(r.group_rank) + " of " + slots_text(r.slots) + ", attempt " +
+          std::to_string(a.attempt));
+  }
+
+  void step_running(Agent& a) {
+    a.wake_at = now_ + monitor_ms_;
+    std::optional<MembershipChange> change;
+    try {
+      // The monitor's connection is opened anew after an error, and with it
+      // the watch (whose admission timer restarts).
+      if (!a.watch) {
+        a.watch = std::make_unique<C10dRoundWatch>(*a.monitor, settings_, *a.round,
+                                                   timing_.last_call_timeout, now_fn());
+      }
+      change = departed_change(a);
+      if (!change) change = a.watch->check(a.attempt);
+    } catch (const testing::WouldWaitError& e) {
+      violate(a.name() + " watch of round " + std::to_string(a.round->round) + ": " + e.what());
+    } catch (const ProtocolError& e) {
+      violate(a.name() + " watch threw: " + e.what());
+    } catch (const Error& e) {
+      event(a.name() + " watch error, opened anew: " + e.what());
+      a.watch.reset();
+      return;
+    }
+    if (!change) return;
+    // The agent gives way: stops its workers and comes back for the next round.
+    event(a.name() + " gives way in round " + std::to_string(a.round->round) + ": " +
+          change->reason + " lost " + ranks_text(change->lost));
+    a.watch.reset();
+    try {
+      a.state->rejoin(*a.round, a.attempt, change->lost);
+    } catch (const testing::WouldWaitError& e) {
+      violate(a.name() + " rejoin(): " + e.what());
+    } catch (const IoError& e) {
+      ++exits;
+      disturbed();
+      end_agent(a, std::string("exits: rejoin lost the store (") + e.what() + ")");
+      return;
+    }
+    a.phase = Phase::kForming;
+    a.wake_at = now_;
+    a.eligible_since = -1;
+    entered(a, "comes back");
+  }
+
+  // The agent's own view of members that left on purpose (their workers'
+  // store gone key): it re-forms the round without them, as
+  // ElasticAgent::loss_change does.
+  std::optional<MembershipChange> departed_change(Agent& a) {
+    auto it = left_.find({a.round->generation, a.round->round});
+    if (it == left_.end()) return std::nullopt;
+    MembershipChange change;
+    change.lost = it->second;
+    change.cause = "agent left";
+    change.reason = "lost nodes " + ranks_text(change.lost) + " (agent left)";
+    return a.watch->reform(change);
+  }
+
+  void worker_failure(Agent& a) {
+    ++failures;
+    disturbed();
+    const auto& r = *a.round;
+    event("the workers of round " + std::to_string(r.round) + " fail at attempt " +
+          std::to_string(a.attempt) + ": restart");
+    for (auto& b : agents_) {
+      if (b.phase == Phase::kRunning && b.round->generation == r.generation &&
+          b.round->round == r.round) {
+        ++b.attempt;
+      }
+    }
+  }
+
+  void arm_lost_answer(Agent& a) {
+    if (a.phase == Phase::kRunning) {
+      static const FaultStore::Op kOps[] = {FaultStore::Op::kCheck, FaultStore::Op::kCompareSet,
+                                            FaultStore::Op::kTallyRead, FaultStore::Op::kGet};
+      const auto op = kOps[pick(4)];
+      a.monitor->lose_answer(op);
+      event(a.name() + " monitor: the answer of the next " + op_name(op) + " will be lost");
+    } else if (opt_.kill_entrants) {
+      static const FaultStore::Op kOps[] = {FaultStore::Op::kCheck,     FaultStore::Op::kCompareSet,
+                                            FaultStore::Op::kTallyAdd,  FaultStore::Op::kSet,
+                                            FaultStore::Op::kTallyRead, FaultStore::Op::kGet};
+      const auto op = kOps[pick(6)];
+      a.job->lose_answer(op);
+      event(a.name() + ": the answer of its next " + op_name(op) + " will be lost");
+    }
+  }
+
+  static std::string op_name(FaultStore::Op op) {
+    switch (op) {
+      case FaultStore::Op::kCheck:
+        return "check";
+      case FaultStore::Op::kCompareSet:
+        return "compare_set";
+      case FaultStore::Op::kTallyRead:
+        return "tally read";
+      case FaultStore::Op::kTallyAdd:
+        return "tally_add";
+      case FaultStore::Op::kGet:
+        return "get";
+      case FaultStore::Op::kSet:
+        return "set";
+      default:
+        return "call";
+    }
+  }
+
+  void leave(Agent& a) {
+    ++leaves;
+    disturbed();
+    // C10dHandler's withdraw: presence and record deleted on purpose, no
+    // gone marker; the agent then exits.
+    const auto& r = *a.round;
+    a.presence->delete_key(a.presence_key);
+    a.presence->delete_key(C10dState::round_key(
+        r.generation, r.round, "node/" + r.slots.at(static_cast<size_t>(r.group_rank))));
+    left_[{r.generation, r.round}].push_back(r.group_rank);
+    end_agent(a, "leaves on purpose (group rank " + std::to_string(r.group_rank) + " of round " +
+                     std::to_string(r.round) + ")");
+  }
+
+  // The agent's process ends: its connections close.
+  void end_agent(Agent& a, const std::string& why) {
+    disturbed();
+    event(a.name() + " " + why);
+    a.presence->kill();
+    a.phase = Phase::kAbsent;
+    a.state.reset();
+    a.watch.reset();
+    a.round.reset();
+    a.presence_key.clear();
+    a.wait_key.clear();
+    a.stalled_until = -1;
+    a.eligible_since = -1;
+    ++a.incarnation;
+    // Most come back (restarted by hand or by a scheduler), some do not.
+    a.arrive_at = chance(0.7) ? now_ + 200 + pick(static_cast<int>(faults_until_ / 4)) : -1;
+  }
+
+  // ---- invariants ----------------------------------------------------------
+
+  // A roster as a member reads it: the same for every reader, sized within
+  // MIN and MAX, no slot twice, each slot's record the node that entered it.
+  void check_roster(Agent& a, const C10dRound& r) {
+    const auto key = std::make_pair(r.generation, r.round);
+    const int n = static_cast<int>(r.nodes.size());
+    if (n < settings_.min_nodes || n > settings_.max_nodes) {
+      violate("round " + std::to_string(r.round) + " formed with " + std::to_string(n) +
+              " members, outside " + std::to_string(settings_.min_nodes) + ":" +
+              std::to_string(settings_.max_nodes));
+    }
+    std::set<std::string> distinct(r.slots.begin(), r.slots.end());
+    if (distinct.size() != r.slots.size() || static_cast<int>(r.slots.size()) != n) {
+      violate("round " + std::to_string(r.round) +
+              " roster names a slot twice: " + slots_text(r.slots));
+    }
+    for (int g = 0; g < n; ++g) {
+      const auto& node = r.nodes[static_cast<size_t>(g)];
+      if (node.group_rank != g) violate("roster group ranks are not 0..n-1");
+      auto it = slot_holder_.find(
+          std::make_tuple(r.generation, r.round, r.slots[static_cast<size_t>(g)]));
+      if (it == slot_holder_.end() || it->second != node.pid) {
+        violate("round " + std::to_string(r.round) + " slot " + r.slots[static_cast<size_t>(g)] +
+                " holds pid " + std::to_string(node.pid) + ", not the node that entered it");
+      }
+    }
+    if (r.group_rank < 0 || r.slots.at(static_cast<size_t>(r.group_rank)) != a.state->slot()) {
+      violate(a.name() + " got round " + std::to_string(r.round) + " as a slot it does not hold");
+    }
+    auto seen = rosters_.find(key);
+    if (seen == rosters_.end()) {
+      rosters_[key] = r.slots;
+      roster_size_[key] = n;
+      ++rounds;
+    } else if (seen->second != r.slots) {
+      violate("round " + std::to_string(r.round) +
+              " read as two rosters: " + slots_text(seen->second) + " and " + slots_text(r.slots));
+    }
+  }
+
+  void check() {
+    // A node is in one running round; two running at once: the older one
+    // has given way (its reform is set), its members just have not noticed.
+    std::map<std::pair<int, int>, std::set<int>> ranks;
+    std::optional<std::pair<int, int>> newest;
+    bool any_stalled = false;
+    for (auto& a : agents_) {
+      if (!a.live()) continue;
+      any_stalled = any_stalled || stalled(a);
+      if (a.phase != Phase::kRunning) continue;
+      const auto key = std::make_pair(a.round->generation, a.round->round);
+      if (!ranks[key].insert(a.round->group_rank).second) {
+        violate("two live nodes run round " + std::to_string(key.second) + " as group rank " +
+                std::to_string(a.round->group_rank));
+      }
+      if (!newest || key > *newest) newest = key;
+    }
+    for (const auto& [key, members] : ranks) {
+      if (key == *newest) continue;
+      if (!exists(C10dState::round_key(key.first, key.second, "reform"))) {
+        violate("rounds " + std::to_string(key.second) + " and " + std::to_string(newest->second) +
+                " run at once, and round " + std::to_string(key.second) + " never gave way");
+      }
+    }
+    // Liveness: a willing node is admitted within bound_ms_ once nothing
+    // disturbs the job, when the job does not run and enough nodes wait to
+    // form a round, or when it runs with room for more.
+    int forming = 0;
+    for (auto& a : agents_) forming += a.phase == Phase::kForming ? 1 : 0;
+    bool due = false;
+    std::string why;
+    if (!newest) {
+      due = forming >= settings_.min_nodes;
+      why = "the job does not run and " + std::to_string(forming) + " nodes wait (min " +
+            std::to_string(settings_.min_nodes) + ")";
+    } else {
+      due = roster_size_[*newest] < settings_.max_nodes;
+      why = "round " + std::to_string(newest->second) + " runs with " +
+            std::to_string(roster_size_[*newest]) + " of max " +
+            std::to_string(settings_.max_nodes) + " nodes";
+    }
+    for (auto& a : agents_) {
+      if (a.phase != Phase::kForming) continue;
+      if (!due) {
+        a.eligible_since = -1;
+        continue;
+      }
+      if (a.eligible_since < 0) a.eligible_since = now_;
+      if (any_stalled) continue;
+      const int64_t since = std::max(a.eligible_since, last_disturbance_);
+      if (now_ - since > bound_ms_) {
+        violate(a.name() + " waits in round " + std::to_string(a.state->round()) + " (slot " +
+                a.state->slot() + ", " + a.state->progress() + ") for " +
+                std::to_string(now_ - since) + " ms, over the bound of " +
+                std::to_string(bound_ms_) + " ms, although " + why);
+      }
+    }
+  }
+
+  uint64_t seed_;
+  SimOptions opt_;
+  std::mt19937_64 rng_;
+  C10dSettings settings_;
+  rendezvous::C10dTiming timing_;
+  int64_t poll_ms_ = 0, monitor_ms_ = 0, bound_ms_ = 0, faults_until_ = 0, end_at_ = 0;
+  int64_t next_fault_at_ = 0;
+  std::shared_ptr<store::HashStore> store_;
+  std::vector<Agent> agents_;
+  int64_t now_ = 0;
+  int64_t step_ = 0;
+  int64_t last_disturbance_ = 0;
+  std::deque<std::string> trace_;
+  std::map<std::tuple<int, int, std::string>, int> slot_holder_;  // (gen, round, slot) -> pid
+  std::map<std::pair<int, int>, std::vector<std::string>> rosters_;
+  std::map<std::pair<int, int>, int> roster_size_;
+  std::map<std::pair<int, int>, std::vector<int>> left_;  // group ranks that left on purpose
+};
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::stoll(v);
+}
+
+SimOptions env_options() {
+  SimOptions o;
+  const char* v = std::getenv("CTORCHRUN_SIM_FAULTS");
+  const std::string faults = v != nullptr ? v : "";
+  o.kill_entrants = faults.find("entrants") != std::string::npos;
+  o.leave = faults.find("leave") != std::string::npos;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous invariant",
+          "[sim]") {
+  SimOptions options = env_options();
+  const int64_t one = env_int("CTORCHRUN_SIM_SEED", -1);
+  const int64_t count = one >= 0 ? 1 : env_int("CTORCHRUN_SIM_SEEDS", 2000);
+  const uint64_t first = one >= 0 ? static_cast<uint64_t>(one) : 1;
+  options.verbose = one >= 0;
+  const auto started = std::chrono::steady_clock::now();
+  int64_t kills = 0, exits = 0, stalls = 0, failures = 0, leaves = 0, rounds = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    Sim sim(first + static_cast<uint64_t>(i), options);
+    auto violation = sim.run();
+    if (violation) FAIL(*violation);
+    kills += sim.kills;
+    exits += sim.exits;
+    stalls += sim.stalls;
+    failures += sim.failures;
+    leaves += sim.leaves;
+    rounds += sim.rounds;
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::cout << "simulated " << count << " seeds in " << secs << " s (" << rounds << " rounds, "
+            << kills << " kills, " << exits << " exits on a lost answer, " << stalls << " stalls, "
+            << failures << " worker failures, " << leaves << " leaves)" << std::endl;
+}
