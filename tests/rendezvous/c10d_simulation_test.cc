@@ -27,11 +27,13 @@
 // Environment:
 //   CTORCHRUN_SIM_SEEDS=N       how many seeds (default 2000)
 //   CTORCHRUN_SIM_SEED=S        run seed S alone, printing every event
+//   CTORCHRUN_SIM_KEEP_GOING=1  run every seed; count the violations by kind
 //   CTORCHRUN_SIM_FAULTS=a,b    faults beyond the default ones:
 //     entrants  kill (or lose an answer of) a node that entered a forming
 //               round, not only a running member
 //     leave     running members leave on purpose (withdraw their presence)
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
@@ -153,16 +155,23 @@ class Sim {
       }
       return std::nullopt;
     } catch (const Violation& v) {
-      std::ostringstream out;
-      out << "seed " << seed_ << ": " << v.what << "\n  at step " << step_ << ", t=" << now_
-          << " ms; nnodes " << settings_.min_nodes << ":" << settings_.max_nodes << ", "
-          << agents_.size() << " agents, last_call " << timing_.last_call_timeout.count()
-          << " ms, claim " << timing_.claim_timeout.count() << " ms\n  last events:\n";
-      for (const auto& e : trace_) out << "    " << e << "\n";
-      out << "  replay: CTORCHRUN_SIM_SEED=" << seed_ << faults_text()
-          << " bin/rendezvous_tests '[sim]'";
-      return out.str();
+      return report(v.what);
+    } catch (const std::exception& e) {
+      return report(std::string("unexpected exception: ") + e.what());
     }
+  }
+
+  // The violation's text: seed, step, the last events and how to replay.
+  std::string report(const std::string& what) {
+    std::ostringstream out;
+    out << "seed " << seed_ << ": " << what << "\n  at step " << step_ << ", t=" << now_
+        << " ms; nnodes " << settings_.min_nodes << ":" << settings_.max_nodes << ", "
+        << agents_.size() << " agents, last_call " << timing_.last_call_timeout.count()
+        << " ms, claim " << timing_.claim_timeout.count() << " ms\n  last events:\n";
+    for (const auto& e : trace_) out << "    " << e << "\n";
+    out << "  replay: CTORCHRUN_SIM_SEED=" << seed_ << faults_text()
+        << " bin/rendezvous_tests '[sim]'";
+    return out.str();
   }
 
   int kills = 0, exits = 0, stalls = 0, lost_answers = 0, failures = 0, leaves = 0, rounds = 0;
@@ -541,6 +550,17 @@ class Sim {
   void end_agent(Agent& a, const std::string& why) {
     disturbed();
     event(a.name() + " " + why);
+    // A slot it took before the call that failed may be in a roster: its
+    // record there names this node.
+    if (a.state && a.state->round() >= 0 && !a.state->slot().empty()) {
+      const std::string record =
+          C10dState::round_key(a.state->generation(), a.state->round(), "node/" + a.state->slot());
+      if (exists(record) &&
+          store_->get(record).find("\"pid\":" + std::to_string(a.pid())) != std::string::npos) {
+        slot_holder_.emplace(
+            std::make_tuple(a.state->generation(), a.state->round(), a.state->slot()), a.pid());
+      }
+    }
     a.presence->kill();
     a.phase = Phase::kAbsent;
     a.state.reset();
@@ -648,8 +668,10 @@ class Sim {
       const int64_t since = std::max(a.eligible_since, last_disturbance_);
       if (now_ - since > bound_ms_) {
         violate(a.name() + " waits in round " + std::to_string(a.state->round()) + " (slot " +
-                a.state->slot() + ", " + a.state->progress() + ") for " +
-                std::to_string(now_ - since) + " ms, over the bound of " +
+                a.state->slot() + ", " +
+                std::to_string(store_->tally_count(
+                    C10dState::round_key(a.state->generation(), a.state->round(), "entered"))) +
+                " entered) for " + std::to_string(now_ - since) + " ms, over the bound of " +
                 std::to_string(bound_ms_) + " ms, although " + why);
       }
     }
@@ -698,12 +720,25 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
   const int64_t count = one >= 0 ? 1 : env_int("CTORCHRUN_SIM_SEEDS", 2000);
   const uint64_t first = one >= 0 ? static_cast<uint64_t>(one) : 1;
   options.verbose = one >= 0;
+  const bool keep_going = env_int("CTORCHRUN_SIM_KEEP_GOING", 0) != 0;
   const auto started = std::chrono::steady_clock::now();
   int64_t kills = 0, exits = 0, stalls = 0, failures = 0, leaves = 0, rounds = 0;
+  // keep going: violations by kind (the message without its numbers), with
+  // how many seeds showed each and the first of them.
+  std::map<std::string, std::pair<int, std::string>> kinds;
   for (int64_t i = 0; i < count; ++i) {
     Sim sim(first + static_cast<uint64_t>(i), options);
     auto violation = sim.run();
-    if (violation) FAIL(*violation);
+    if (violation && !keep_going) FAIL(*violation);
+    if (violation) {
+      std::string kind = violation->substr(violation->find(": ") + 2);
+      kind = kind.substr(0, kind.find('\n'));
+      kind.erase(
+          std::remove_if(kind.begin(), kind.end(), [](char c) { return c >= '0' && c <= '9'; }),
+          kind.end());
+      auto& k = kinds[kind.substr(0, 100)];
+      if (k.first++ == 0) k.second = *violation;
+    }
     kills += sim.kills;
     exits += sim.exits;
     stalls += sim.stalls;
@@ -716,4 +751,8 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
   std::cout << "simulated " << count << " seeds in " << secs << " s (" << rounds << " rounds, "
             << kills << " kills, " << exits << " exits on a lost answer, " << stalls << " stalls, "
             << failures << " worker failures, " << leaves << " leaves)" << std::endl;
+  for (const auto& [kind, k] : kinds) {
+    std::cout << k.first << " seeds: " << kind << "\n  first: " << k.second << "\n";
+  }
+  if (!kinds.empty()) FAIL(kinds.size() << " kinds of violation");
 }
