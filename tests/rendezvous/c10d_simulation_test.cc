@@ -141,6 +141,8 @@ class Sim {
     end_at_ = faults_until_ + 3 * bound_ms_;
     for (auto& a : agents_) a.arrive_at = pick(static_cast<int>(faults_until_ / 2));
     next_fault_at_ = 1'000 + pick(static_cast<int>(faults_until_ / 4));
+    // Half the seeds end with the job's success, the others run on.
+    if (pick(2) == 0) end_job_at_ = faults_until_ / 2 + pick(static_cast<int>(faults_until_ / 2));
     store_ = std::make_shared<store::HashStore>();
   }
 
@@ -175,6 +177,7 @@ class Sim {
   }
 
   int kills = 0, exits = 0, stalls = 0, lost_answers = 0, failures = 0, leaves = 0, rounds = 0;
+  int ended = 0;  // seeds whose job ended
 
  private:
   // ---- randomness and bookkeeping ----------------------------------------
@@ -224,7 +227,8 @@ class Sim {
 
   // ---- the scheduler -------------------------------------------------------
 
-  void one_step() {
+  // Stalled nodes whose time has come resume: a disturbance, as the stall.
+  void resume_due() {
     for (auto& a : agents_) {
       if (a.live() && a.stalled_until >= 0 && a.stalled_until < now_) {
         a.stalled_until = -1;
@@ -232,6 +236,10 @@ class Sim {
         event(a.name() + " resumes");
       }
     }
+  }
+
+  void one_step() {
+    resume_due();
     for (auto& a : agents_) {
       if (!a.live() && a.arrive_at >= 0 && a.arrive_at <= now_) {
         a.arrive_at = -1;
@@ -244,6 +252,11 @@ class Sim {
       if (now_ < faults_until_) fault();
       return;
     }
+    if (end_job_at_ >= 0 && end_job_at_ <= now_) {
+      end_job_at_ = -1;
+      finish();
+      return;
+    }
     std::vector<Agent*> ready;
     for (auto& a : agents_) {
       if (runnable(a)) ready.push_back(&a);
@@ -254,6 +267,7 @@ class Sim {
     }
     // Time passes: to the next event, or a little.
     int64_t next = std::min(now_ + poll_ms_, next_fault_at_);
+    if (end_job_at_ >= 0) next = std::min(next, end_job_at_);
     for (auto& a : agents_) {
       if (a.live()) next = std::min(next, stalled(a) ? a.stalled_until + 1 : a.wake_at);
       if (!a.live() && a.arrive_at >= 0) next = std::min(next, a.arrive_at);
@@ -348,6 +362,10 @@ class Sim {
     }
     try {
       a.state->join();
+    } catch (const rendezvous::JobClosedError& e) {
+      if (!closed_) violate(a.name() + " refused by a job that did not end: " + e.what());
+      end_agent(a, "is refused: the job ended");
+      return;
     } catch (const IoError& e) {
       ++exits;
       disturbed();
@@ -386,6 +404,10 @@ class Sim {
     std::optional<C10dRound> r;
     try {
       r = a.state->poll();
+    } catch (const rendezvous::JobClosedError& e) {
+      if (!closed_) violate(a.name() + " told of an end that did not happen: " + e.what());
+      end_agent(a, "exits: the job ended while it waited");
+      return;
     } catch (const testing::WouldWaitError& e) {
       violate(a.name() + " poll() in round " + std::to_string(a.state->round()) + " (slot " +
               a.state->slot() + ") would wait for the store's timeout: " + e.what());
@@ -406,6 +428,8 @@ class Sim {
   }
 
   void start_round(Agent& a, const C10dRound& r) {
+    if (closed_)
+      violate(a.name() + " runs round " + std::to_string(r.round) + " after the job ended");
     check_roster(a, r);
     // C10dHandler::round_info: this member's presence, bound to its agent.
     try {
@@ -480,6 +504,65 @@ class Sim {
     change.cause = "agent left";
     change.reason = "lost nodes " + ranks_text(change.lost) + " (agent left)";
     return a.watch->reform(change);
+  }
+
+  // The workers of the running round succeed (ElasticAgent::exit_barrier,
+  // then settle): each member marks the attempt finishing and withdraws its
+  // presence; unless an admission took the attempt first, the first of them
+  // closes the job and all leave. Only when every member runs, unstalled.
+  void finish() {
+    std::vector<Agent*> members;
+    for (auto& a : agents_) {
+      if (!a.live()) continue;
+      if (stalled(a)) break;
+      if (a.phase == Phase::kRunning) members.push_back(&a);
+    }
+    const bool whole =
+        !members.empty() &&
+        std::all_of(members.begin(), members.end(),
+                    [&](Agent* a) {
+                      return !stalled(*a) && a->round->round == members[0]->round->round &&
+                             a->round->generation == members[0]->round->generation;
+                    }) &&
+        members.size() == members[0]->round->slots.size() &&
+        std::none_of(agents_.begin(), agents_.end(), [&](const Agent& a) { return stalled(a); });
+    if (!whole) {
+      end_job_at_ = now_ + 2'000;  // later, when the round runs whole
+      return;
+    }
+    const auto& r = *members[0]->round;
+    bool finishing = true;
+    for (Agent* a : members) {
+      try {
+        finishing = a->state->mark_finishing(a->attempt) && finishing;
+        a->presence->delete_key(a->presence_key);
+        a->presence->delete_key(
+            C10dState::round_key(r.generation, r.round,
+                                 "node/" + r.slots.at(static_cast<size_t>(a->round->group_rank))));
+      } catch (const Error& e) {
+        event(a->name() + " could not mark the attempt finishing: " + e.what());
+        end_job_at_ = now_ + 2'000;
+        return;
+      }
+    }
+    if (!finishing) {
+      event("the workers of round " + std::to_string(r.round) +
+            " succeed, but an admission took the attempt first: the round re-forms");
+      return;
+    }
+    int waiting = -1;
+    try {
+      waiting = members[0]->state->close("succeeded");
+    } catch (const Error& e) {
+      // Lost after the marker was written: the job ended all the same.
+      event(members[0]->name() + " close: " + e.what());
+    }
+    closed_ = true;
+    closed_at_ = now_;
+    ++ended;
+    event("the workers of round " + std::to_string(r.round) + " succeed: the job ends (" +
+          std::to_string(waiting) + " nodes waiting)");
+    for (Agent* a : members) end_agent(*a, "finishes");
   }
 
   void worker_failure(Agent& a) {
@@ -620,6 +703,7 @@ class Sim {
   }
 
   void check() {
+    resume_due();  // time may have passed in this step
     // A node is in one running round; two running at once: the older one
     // has given way (its reform is set), its members just have not noticed.
     std::map<std::pair<int, int>, std::set<int>> ranks;
@@ -642,6 +726,18 @@ class Sim {
         violate("rounds " + std::to_string(key.second) + " and " + std::to_string(newest->second) +
                 " run at once, and round " + std::to_string(key.second) + " never gave way");
       }
+    }
+    if (closed_) {
+      // Every node waiting when the job ended learns it within a poll.
+      for (auto& a : agents_) {
+        if (!a.live() || stalled(a)) continue;
+        const int64_t since = std::max(closed_at_, last_disturbance_);
+        if (a.phase == Phase::kRunning || now_ - since > poll_ms_ + monitor_ms_) {
+          violate(a.name() + " still waits in round " + std::to_string(a.state->round()) + " " +
+                  std::to_string(now_ - since) + " ms after the job ended");
+        }
+      }
+      return;
     }
     // Liveness: a willing node is admitted within bound_ms_ once nothing
     // disturbs the job, when the job does not run and enough nodes wait to
@@ -687,6 +783,9 @@ class Sim {
   rendezvous::C10dTiming timing_;
   int64_t poll_ms_ = 0, monitor_ms_ = 0, bound_ms_ = 0, faults_until_ = 0, end_at_ = 0;
   int64_t next_fault_at_ = 0;
+  int64_t end_job_at_ = -1;  // when the workers of the running round succeed
+  bool closed_ = false;      // the job ended
+  int64_t closed_at_ = -1;
   std::shared_ptr<store::HashStore> store_;
   std::vector<Agent> agents_;
   int64_t now_ = 0;
@@ -725,7 +824,7 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
   options.verbose = one >= 0;
   const bool keep_going = env_int("CTORCHRUN_SIM_KEEP_GOING", 0) != 0;
   const auto started = std::chrono::steady_clock::now();
-  int64_t kills = 0, exits = 0, stalls = 0, failures = 0, leaves = 0, rounds = 0;
+  int64_t kills = 0, exits = 0, stalls = 0, failures = 0, leaves = 0, rounds = 0, ended = 0;
   // keep going: violations by kind (the message without its numbers), with
   // how many seeds showed each and the first of them.
   std::map<std::string, std::pair<int, std::string>> kinds;
@@ -748,12 +847,14 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
     failures += sim.failures;
     leaves += sim.leaves;
     rounds += sim.rounds;
+    ended += sim.ended;
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::cout << "simulated " << count << " seeds in " << secs << " s (" << rounds << " rounds, "
-            << kills << " kills, " << exits << " exits on a lost answer, " << stalls << " stalls, "
-            << failures << " worker failures, " << leaves << " leaves)" << std::endl;
+            << ended << " jobs ended, " << kills << " kills, " << exits
+            << " exits on a lost answer, " << stalls << " stalls, " << failures
+            << " worker failures, " << leaves << " leaves)" << std::endl;
   for (const auto& [kind, k] : kinds) {
     std::cout << k.first << " seeds: " << kind << "\n  first: " << k.second << "\n";
   }
