@@ -17,12 +17,28 @@
 // Random events: a node arrives; a running round's workers fail (the restart
 // count moves on); a node is killed (its bound keys vanish and their gone
 // markers appear: testing::BoundKeyStore); a node stalls for a while and
-// resumes; an answer is lost after its call applied (testing::FaultStore;
-// on the main path the node exits as the real handler does, on the monitor's
-// path the watch is opened anew); time passes.
+// resumes; a member leaves on purpose (withdraws its presence and record;
+// the others notice, as the agent does, and re-form); an answer is lost
+// after its call applied (testing::FaultStore: on the main path the node
+// exits as the real handler does, on the monitor's path the watch is opened
+// anew); time passes. Half the seeds end with the running round's workers
+// succeeding: mark_finishing, close, and the members leave.
 //
-// After every step the invariants are checked (Sim::check); a violation
-// fails the test with the seed, the step and the last events.
+// After every step the invariants are checked (Sim::check_roster when a
+// node reads a roster, Sim::check after each step); a violation fails the
+// test with the seed, the step and the last 30 events:
+//  - every reader of round R's roster reads the same one; its size is within
+//    MIN:MAX, no slot twice, each slot's record the node that entered it, a
+//    reader's group rank the slot it holds;
+//  - no two live nodes run round R as the same group rank; two rounds run at
+//    once only while the older has given way (its reform is set);
+//  - once nothing disturbs the job (a kill, an exit, a stall, a lost answer,
+//    a leave) for bound_ms_, a willing node waits no longer: not when the
+//    job does not run and MIN nodes wait, not when it runs below MAX;
+//  - no call waits for a key that nobody will write (a waiting read of a
+//    missing key: it would wait for the store's timeout);
+//  - after the job ends, no round forms and each waiting node learns the end
+//    within a poll.
 //
 // Environment:
 //   CTORCHRUN_SIM_SEEDS=N       how many seeds (default 2000)
@@ -31,7 +47,8 @@
 //   CTORCHRUN_SIM_FAULTS=a,b    faults beyond the default ones:
 //     entrants  kill (or lose an answer of) a node that entered a forming
 //               round, not only a running member
-//     leave     running members leave on purpose (withdraw their presence)
+//     leave     the last live member of a round may leave on purpose too
+//               (by default a member leaves only while another stays)
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -75,7 +92,7 @@ struct SimOptions {
   bool verbose = false;        // print every event as it happens
 };
 
-// An invariant broke: what, at which step.
+// An invariant broke (thrown by Sim::violate, caught in Sim::run).
 struct Violation {
   std::string what;
 };
@@ -99,7 +116,6 @@ struct Agent {
   int64_t arrive_at = -1;       // absent: when it arrives (-1: never)
   int64_t eligible_since = -1;  // forming: since when it should be admitted (-1: not due)
   std::string presence_key;     // running: present/<g> of its round
-  int lost_before = 0;          // answers lost on its connections, seen so far
 
   bool live() const { return phase != Phase::kAbsent; }
   std::string name() const { return "a" + std::to_string(id) + "." + std::to_string(incarnation); }
@@ -176,7 +192,7 @@ class Sim {
     return out.str();
   }
 
-  int kills = 0, exits = 0, stalls = 0, lost_answers = 0, failures = 0, leaves = 0, rounds = 0;
+  int kills = 0, exits = 0, stalls = 0, failures = 0, leaves = 0, rounds = 0;
   int ended = 0;  // seeds whose job ended
 
  private:
@@ -284,7 +300,7 @@ class Sim {
     auto any = [&](std::vector<Agent*>& v) -> Agent& {
       return *v[static_cast<size_t>(pick(static_cast<int>(v.size())))];
     };
-    switch (pick(opt_.leave ? 6 : 5)) {
+    switch (pick(6)) {
       case 0: {
         std::vector<Agent*> victims;
         for (Agent* a : live) {
@@ -313,9 +329,20 @@ class Sim {
       case 4:
         if (!live.empty()) arm_lost_answer(any(live));
         return;
-      default:
-        if (!running.empty()) leave(any(running));
+      default: {
+        // Its round's other members notice (ElasticAgent::loss_change), so
+        // by default one of them stays: nobody notices the last one leave.
+        std::vector<Agent*> leavers;
+        for (Agent* a : running) {
+          const bool other = std::any_of(running.begin(), running.end(), [&](Agent* b) {
+            return b != a && b->round->round == a->round->round &&
+                   b->round->generation == a->round->generation;
+          });
+          if (other || opt_.leave) leavers.push_back(a);
+        }
+        if (!leavers.empty()) leave(any(leavers));
         return;
+      }
     }
   }
 
