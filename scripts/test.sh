@@ -4,8 +4,10 @@
 #     errors, and an ASan+UBSan build;
 #  2. the formatting check, a check that CTest registered every test case,
 #     and the request-parser fuzzer (bounded time);
-#  3. the unit, net and multi-process tests under ASan+UBSan;
-#  4. every test but the GPU ones, unsanitised (multi-process and torch too).
+#  3. the unit, net, multi-process and simulation tests under ASan+UBSan
+#     (the simulation with CTORCHRUN_SIM_SEEDS=200, not its default 2000);
+#  4. every test but the GPU ones, unsanitised (multi-process, torch and the
+#     simulation's 2000 seeds too).
 # GPU tests (label gpu) need a GPU and are left out here by name: run them with
 #   (cd build && ctest -L gpu --output-on-failure)
 set -euo pipefail
@@ -16,6 +18,9 @@ fuzz_seconds=${FUZZ_SECONDS:-30}
 # Time per phase; CTest adds its own time per label ("Label Time Summary").
 phase_start=$SECONDS
 phase_done() { echo "== $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"; phase_start=$SECONDS; }
+# The simulation's own summary ("simulated N seeds in X s"), which CTest keeps
+# in its log when the test passes.
+sim_summary() { grep -h '^simulated [0-9]* seeds in' "$1/Testing/Temporary/LastTest.log" || true; }
 
 scripts/setup.sh
 phase_done setup
@@ -32,11 +37,13 @@ scripts/check_tests.sh build
 scripts/fuzz.sh "$fuzz_seconds"
 phase_done "format, test registration and fuzz checks"
 
-echo "== unit, net and multiproc tests under ASan+UBSan"
+echo "== unit, net, multiproc and sim tests under ASan+UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest -L 'unit|net|multiproc' --output-on-failure -j "$jobs")
+  CTORCHRUN_SIM_SEEDS=200 ctest -L 'unit|net|multiproc|sim' --output-on-failure -j "$jobs")
+sim_summary build-asan
 phase_done "sanitized tests"
 
 echo "== every test but gpu"
 (cd build && ctest -LE gpu --output-on-failure -j "$jobs")
+sim_summary build
 phase_done "unsanitised tests"
