@@ -221,6 +221,7 @@ void C10dState::enter_as_newcomer(int round, int attempt, bool open) {
   claim_seen_at_.reset();
   open_ = open;
   running_members_ = 0;
+  running_slots_.clear();
   next_watched_ = 0;
   const int i = static_cast<int>(job_.tally_add(key("joined"), ""));
   slot_ = "n" + std::to_string(i);
@@ -403,6 +404,7 @@ std::optional<C10dRound> C10dState::poll() {
     // back): wait in the next one, carrying the restart count it has.
     enter_as_newcomer(round_ + 1, attempt_, false);
     running_members_ = static_cast<int>(r.nodes.size());
+    running_slots_ = r.slots;
     return std::nullopt;
   }
   check_closed(true);
@@ -414,7 +416,16 @@ std::optional<C10dRound> C10dState::poll() {
         if (job_.check({prev})) {
           auto j = parse_object(job_.get(prev), prev);
           auto m = j.find("members");
-          if (m != j.end() && m->is_array()) running_members_ = static_cast<int>(m->size());
+          if (m != j.end() && m->is_array()) {
+            running_members_ = static_cast<int>(m->size());
+            running_slots_.clear();
+            for (const auto& member : *m) {
+              auto slot = member.is_object() ? member.find("slot") : member.end();
+              const bool ok = member.is_object() && slot != member.end() && slot->is_string() &&
+                              valid_slot(slot->get<std::string>());
+              running_slots_.push_back(ok ? slot->get<std::string>() : std::string());
+            }
+          }
         }
       }
       watch_running_round();
@@ -493,10 +504,18 @@ void C10dState::watch_running_round() {
   const std::vector<int> left =
       C10dRoundWatch::left_members(job_, generation_, round_ - 1, running_members_);
   if (presence_ == nullptr && static_cast<int>(left.size()) < running_members_) return;
+  // Lost: its presence key vanished with its agent, or its record did (a
+  // member that died before it held its presence).
   auto gone = [&](int g) {
     if (std::find(left.begin(), left.end(), g) != left.end()) return true;
-    return presence_ != nullptr &&
-           job_.check({C10dRoundWatch::present_key(generation_, round_ - 1, g) +
+    if (presence_ == nullptr) return false;
+    if (job_.check({C10dRoundWatch::present_key(generation_, round_ - 1, g) +
+                    store::protocol::kGoneSuffix})) {
+      return true;
+    }
+    const size_t i = static_cast<size_t>(g);
+    return i < running_slots_.size() && !running_slots_[i].empty() &&
+           job_.check({round_key(generation_, round_ - 1, "node/" + running_slots_[i]) +
                        store::protocol::kGoneSuffix});
   };
   const int g = next_watched_++ % running_members_;

@@ -246,7 +246,8 @@ class C10dState {
   std::string slot_;
   int expected_back_ = 0;  // members of round_-1 expected to come back (0: a newcomer)
   bool open_ = false;
-  int running_members_ = 0;  // members of the running round round_-1, when known
+  int running_members_ = 0;                 // members of the running round round_-1, when known
+  std::vector<std::string> running_slots_;  // their slots, by group rank, when known
   bool min_seen_ = false;
   std::optional<Clock::time_point> last_call_since_;
   std::optional<Clock::time_point> claim_seen_at_;

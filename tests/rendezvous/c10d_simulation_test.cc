@@ -44,7 +44,8 @@
 //   CTORCHRUN_SIM_SEEDS=N       how many seeds (default 2000)
 //   CTORCHRUN_SIM_SEED=S        run seed S alone, printing every event
 //   CTORCHRUN_SIM_KEEP_GOING=1  run every seed; count the violations by kind
-//   CTORCHRUN_SIM_FAULTS=a,b    faults beyond the default ones:
+//   CTORCHRUN_SIM_FAULTS=a,b    which faults beyond the base ones (default: all;
+//                               "base" for none of them):
 //     entrants  kill (or lose an answer of) a node that entered a forming
 //               round, not only a running member
 //     leave     the last live member of a round may leave on purpose too
@@ -205,7 +206,7 @@ class Sim {
     std::string s;
     if (opt_.kill_entrants) s += "entrants";
     if (opt_.leave) s += std::string(s.empty() ? "" : ",") + "leave";
-    return s.empty() ? "" : " CTORCHRUN_SIM_FAULTS=" + s;
+    return " CTORCHRUN_SIM_FAULTS=" + (s.empty() ? std::string("base") : s);
   }
 
   void event(const std::string& what) {
@@ -833,8 +834,9 @@ int64_t env_int(const char* name, int64_t fallback) {
 
 SimOptions env_options() {
   SimOptions o;
+  // Every fault by default; the variable picks some ("base": none of these).
   const char* v = std::getenv("CTORCHRUN_SIM_FAULTS");
-  const std::string faults = v != nullptr ? v : "";
+  const std::string faults = v != nullptr && *v != '\0' ? v : "entrants,leave";
   o.kill_entrants = faults.find("entrants") != std::string::npos;
   o.leave = faults.find("leave") != std::string::npos;
   return o;
@@ -889,9 +891,8 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
 }
 
 // ---------------------------------------------------------------------------
-// Scenarios the simulation found, kept small and scripted. The ones tagged
-// [!shouldfail] show a known fault of today's C10dState (the test passes
-// while the fault is there); drop the tag when it is fixed.
+// Scenarios the simulation found, kept small and scripted: each failed
+// before C10dState was fixed for it.
 
 namespace {
 
@@ -974,7 +975,7 @@ TEST_CASE("c10d simulation: a round whose only member was killed gives way to a 
 TEST_CASE(
     "c10d simulation: an entrant that dies before its round completes does not hold up the "
     "roster",
-    "[sim][!shouldfail]") {
+    "[sim]") {
   // Found as CTORCHRUN_SIM_FAULTS=entrants seed 2: the roster builder reads
   // every entrant's record with a waiting multi_get, and a dead entrant's
   // record is gone: the builder waits for the store's timeout.
@@ -1001,7 +1002,7 @@ TEST_CASE(
 TEST_CASE(
     "c10d simulation: a round whose only member died before holding its presence gives way to "
     "a waiting node",
-    "[sim][!shouldfail]") {
+    "[sim]") {
   // Found as CTORCHRUN_SIM_FAULTS=entrants seed 157: the member completed the
   // roster and its connection dropped before it set its presence key. Its
   // record's gone marker is there, but a waiting node looks only at presence
@@ -1021,7 +1022,7 @@ TEST_CASE(
 }
 
 TEST_CASE("c10d simulation: a round whose every member left on purpose gives way to a waiting node",
-          "[sim][!shouldfail]") {
+          "[sim]") {
   // Found as CTORCHRUN_SIM_FAULTS=leave seed 1: a member that leaves withdraws
   // its presence and record (no gone marker), and with no member left nobody
   // re-forms the round. The leave is written as the planned leave() records
