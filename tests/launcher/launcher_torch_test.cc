@@ -1,5 +1,7 @@
-// End-to-end with real torch 1.13 workers, side by side with Debian's
-// /usr/bin/torchrun (which needs --redirects 9:1 --tee 9:1 on Python 3.11).
+// End-to-end with real torch workers, side by side with torch's own torchrun
+// (`python -m torch.distributed.run`, the module of /usr/bin/torchrun; 1.13
+// needs --redirects 9:1 --tee 9:1 on Python 3.11). The python is test_python():
+// Debian 12's torch 1.13, or Debian 13's torch 2.6 for the torch2 tests.
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -19,14 +21,9 @@ const std::string kExample = CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py";
 LaunchResult run_torchrun(const std::vector<std::string>& args,
                           const std::map<std::string, std::string>& env = {},
                           std::chrono::seconds timeout = 180s) {
-  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON,
-                                   "/usr/bin/torchrun",
-                                   "--redirects",
-                                   "9:1",
-                                   "--tee",
-                                   "9:1",
-                                   "--monitor_interval",
-                                   "0.1"};
+  std::vector<std::string> argv = {
+      test_python(), "-m",  "torch.distributed.run", "--redirects", "9:1",
+      "--tee",       "9:1", "--monitor_interval",    "0.1"};
   argv.insert(argv.end(), args.begin(), args.end());
   Process p(argv, env, /*capture_stderr=*/true);
   LaunchResult r;

@@ -28,6 +28,7 @@
 #include "tests/store/wire_bytes.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_client.h"
+#include "tests/support/test_python.h"
 
 using namespace ctorchrun;
 using namespace ctorchrun::store;
@@ -441,7 +442,7 @@ TEST_CASE(
     "issue 9: against torch 1.13's own server, appends lose no byte and bound keys are not "
     "supported",
     "[torch]") {
-  Process server({CTORCHRUN_TEST_PYTHON, CTORCHRUN_SOURCE_DIR "/tests/torch/torch_store_server.py",
+  Process server({test_python(), CTORCHRUN_SOURCE_DIR "/tests/torch/torch_store_server.py",
                   "--port", "0", "--duration", "120"});
   int port = wait_for_listening_port(server, 60s);
   REQUIRE(port > 0);

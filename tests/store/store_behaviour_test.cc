@@ -12,6 +12,7 @@
 #include "tests/store/local_server.h"
 #include "tests/store/store_suite.h"
 #include "tests/support/process.h"
+#include "tests/support/test_python.h"
 
 using namespace ctorchrun;
 using namespace ctorchrun::store;
@@ -99,7 +100,7 @@ TEST_CASE("TcpStore: connecting to a closed port times out naming host and port"
 
 TEST_CASE("TcpStore auto against torch 1.13's own server: detects v113 and passes the suite",
           "[torch]") {
-  testing::Process server({CTORCHRUN_TEST_PYTHON,
+  testing::Process server({testing::test_python(),
                            CTORCHRUN_SOURCE_DIR "/tests/torch/torch_store_server.py", "--port", "0",
                            "--duration", "120"});
   int port = testing::wait_for_listening_port(server, 60s);

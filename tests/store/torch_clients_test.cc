@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "tests/support/process.h"
+#include "tests/support/test_python.h"
 
 using namespace ctorchrun::testing;
 using namespace std::chrono_literals;
@@ -20,8 +21,7 @@ struct StoreProcess {
 // Runs a script of tests/torch/ and returns (exit code, output).
 std::pair<int, std::string> run_script(const std::string& script,
                                        const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON,
-                                   CTORCHRUN_SOURCE_DIR "/tests/torch/" + script};
+  std::vector<std::string> argv = {test_python(), CTORCHRUN_SOURCE_DIR "/tests/torch/" + script};
   argv.insert(argv.end(), args.begin(), args.end());
   Process p(argv, {}, /*capture_stderr=*/true);
   std::string out = p.read_all(120s);
