@@ -128,14 +128,19 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
     auto a = parse_env0(read_file(d.path + "/ours." + std::to_string(rank)));
     auto b = parse_env0(read_file(d.path + "/theirs." + std::to_string(rank)));
     REQUIRE(a.size() > 10);
-    // Set by the test for each launcher, not by the launchers.
-    for (const char* k :
-         {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "LAUNCHER", "CTORCHRUN_PYTHON", "_"}) {
+    // Set by the test for each launcher, not by the launchers (USE_LIBUV: by
+    // scripts/torch2's sitecustomize in torchrun's python, for torch 2.6).
+    for (const char* k : {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "LAUNCHER", "CTORCHRUN_PYTHON",
+                          "_", "USE_LIBUV"}) {
       a.erase(k);
       b.erase(k);
     }
+    // ctorchrun cannot know the workers' torch, so it sets both names of this
+    // variable (README): torchrun 1.13 sets only NCCL_..., 2.x only TORCH_NCCL_...
     CHECK(a.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
-    a.erase("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+    CHECK(a.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
+    a.erase(test_torch_version() < std::pair{2, 0} ? "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+                                                   : "NCCL_ASYNC_ERROR_HANDLING");
     for (const auto& [k, v] : b) {
       INFO("variable " << k);
       REQUIRE(a.count(k));

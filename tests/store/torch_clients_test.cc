@@ -1,4 +1,5 @@
-// Real torch 1.13 clients (Debian's python3-torch) against ctorch-store: every
+// Real torch clients (Debian's python3-torch: 1.13, or 2.6 for the torch2
+// tests) against ctorch-store: every
 // Python TCPStore call, and two gloo workers that rendezvous through it as
 // they would through torchrun's agent store.
 
@@ -42,7 +43,7 @@ std::pair<int, int> tally(const std::string& out) {
 
 }  // namespace
 
-TEST_CASE("ctorch-store: every torch 1.13 TCPStore call from Python behaves as on torch's server",
+TEST_CASE("ctorch-store: every torch TCPStore call from Python behaves as on torch's server",
           "[torch]") {
   StoreProcess s;
   REQUIRE(s.port > 0);
@@ -55,7 +56,7 @@ TEST_CASE("ctorch-store: every torch 1.13 TCPStore call from Python behaves as o
   CHECK(failed == 0);
 }
 
-TEST_CASE("ctorch-store: two torch 1.13 gloo workers init_process_group and all_reduce through it",
+TEST_CASE("ctorch-store: two torch gloo workers init_process_group and all_reduce through it",
           "[torch]") {
   StoreProcess s;
   REQUIRE(s.port > 0);
