@@ -3,14 +3,16 @@
 Python imports this module at startup (the wrapper puts its folder first on
 PYTHONPATH). It does three things, and imports nothing heavy:
 
-1. TCPStore defaults to use_libuv=False. torch 2.6 makes libuv the default
-   TCPStore server, but Debian builds torch without libuv, so that
-   init_process_group() fails with "use_libuv was requested but PyTorch was
-   build without libuv support". USE_LIBUV=0 (unless set) is what torch's own
-   rendezvous reads (env:// and tcp:// init, torchrun's static rendezvous);
-   the TCPStore constructor gets use_libuv=False unless a caller passes it
-   (direct TCPStore(...) calls, torchrun's c10d rendezvous backend). An
-   explicit use_libuv=True still fails, as it should.
+1. TCPStore defaults to use_libuv=False. torch 2.6's TCPStore, client or
+   server, defaults to use_libuv=True, but Debian builds torch without libuv,
+   so that init_process_group() fails with "use_libuv was requested but
+   PyTorch was build without libuv support". The TCPStore constructor gets
+   use_libuv=False unless its caller passes it: direct TCPStore(...) calls,
+   torchrun's c10d rendezvous, and the workers' client of a launcher's store
+   (TORCHELASTIC_USE_AGENT_STORE=True), which no environment variable
+   changes. USE_LIBUV=0 (unless set) is what torch's other paths pass on
+   (env:// and tcp:// init without an agent store, torchrun's static
+   rendezvous). An explicit use_libuv=True still fails, as it should.
 2. sys.executable is the wrapper, so that what Python starts again
    (torchrun's workers, multiprocessing's spawn) runs torch 2.6 too.
 3. The environment is put back as the wrapper was given it (PYTHONPATH), so
