@@ -8,7 +8,7 @@
 # Idempotent: a finished root (its marker file) returns at once. A root left
 # half-made by an interrupted run is removed and made again. Needs root (or
 # sudo), about 6 GB free while it works, and the Debian mirror of this
-# machine's apt sources. Takes a few minutes from nothing.
+# machine's apt sources. Takes 1 to 3 minutes from nothing (mostly downloads).
 set -euo pipefail
 
 root=${CTORCHRUN_TORCH2_ROOT:-/var/lib/ctorchrun/torch2-trixie}
@@ -73,7 +73,7 @@ fi
 
 start=$SECONDS
 say "making a Debian 13 (trixie) root in $root from $mirror"
-say "then installing ${packages[*]} in it (torch 2.6, Python 3.13, about 2 GB)"
+say "then installing ${packages[*]} in it (torch 2.6, Python 3.13: about 1.3 GB in all)"
 $SUDO debootstrap --variant=minbase trixie "$root" "$mirror" >"$root.debootstrap.log" 2>&1 ||
   { tail -20 "$root.debootstrap.log" >&2; fail "debootstrap failed (log: $root.debootstrap.log)"; }
 
