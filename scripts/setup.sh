@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs every dependency of ctorchrun by name with apt. Idempotent: when
-# everything is already installed it checks and returns quietly.
+# Installs every dependency of ctorchrun by name with apt, then the Debian 13
+# root with torch 2.6 that the torch2 tests run (scripts/setup_torch2.sh).
+# Idempotent: when everything is already installed it checks and returns
+# quietly.
 set -euo pipefail
 
 packages=(
@@ -13,6 +15,7 @@ packages=(
   python3-torch python3-numpy
   iproute2 procps psmisc
   etcd-server etcd-client
+  debootstrap
 )
 
 missing=()
@@ -22,14 +25,14 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: done"
 fi
 
-echo "setup: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "setup: done"
+"$(dirname "$0")/setup_torch2.sh"

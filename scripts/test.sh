@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test of ctorchrun (what CI runs):
-#  1. scripts/setup.sh (apt dependencies), a Release build with warnings as
-#     errors, and an ASan+UBSan build;
+#  1. scripts/setup.sh (apt dependencies, and the Debian 13 root with torch
+#     2.6 for the torch2 tests), a Release build with warnings as errors, and
+#     an ASan+UBSan build;
 #  2. the formatting check, a check that CTest registered every test case,
 #     and the request-parser fuzzer (bounded time);
 #  3. the unit, net, multi-process and simulation tests under ASan+UBSan
 #     (the simulation with CTORCHRUN_SIM_SEEDS=200, not its default 2000);
-#  4. every test but the GPU ones, unsanitised (multi-process, torch and the
-#     simulation's 2000 seeds too).
+#  4. every test but the GPU ones, unsanitised (multi-process, the
+#     simulation's 2000 seeds, torch 1.13 and, label torch2, torch 2.6 too:
+#     CTest gives those CTORCHRUN_PYTHON=scripts/torch2/python).
 # GPU tests (label gpu) need a GPU and are left out here by name: run them with
 #   (cd build && ctest -L gpu --output-on-failure)
 set -euo pipefail

@@ -147,7 +147,7 @@ struct Job {
         "--events_file=" + d.file("events_" + name)};
     argv = concat(net.in(host, argv), ::ctorchrun::testing::sh(body()));
     std::map<std::string, std::string> env = {{"NODE_NAME", name},
-                                              {"CTORCHRUN_PYTHON", CTORCHRUN_TEST_PYTHON}};
+                                              {"CTORCHRUN_PYTHON", test_python()}};
     return Agent{std::make_unique<Process>(argv, env, /*capture_stderr=*/true), ""};
   }
   // The lines of seen_<name>.

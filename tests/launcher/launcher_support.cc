@@ -38,7 +38,7 @@ LaunchResult run_ctorchrun(const std::vector<std::string>& args,
 
 std::unique_ptr<Process> start_ctorchrun(const std::vector<std::string>& args,
                                          std::map<std::string, std::string> env) {
-  env.emplace("CTORCHRUN_PYTHON", CTORCHRUN_TEST_PYTHON);
+  env.emplace("CTORCHRUN_PYTHON", test_python());
   return std::make_unique<Process>(full_argv(args), env, /*capture_stderr=*/true);
 }
 

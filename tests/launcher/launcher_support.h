@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/support/process.h"
+#include "tests/support/test_python.h"
 
 namespace ctorchrun::testing {
 
@@ -18,7 +19,7 @@ struct LaunchResult {
 };
 
 // Runs build/bin/ctorchrun with `args`, the test's environment plus `env`
-// (CTORCHRUN_PYTHON=/usr/bin/python3 unless given), and a bound on time.
+// (CTORCHRUN_PYTHON=test_python() unless given), and a bound on time.
 LaunchResult run_ctorchrun(const std::vector<std::string>& args,
                            std::map<std::string, std::string> env = {},
                            std::chrono::seconds timeout = std::chrono::seconds(120));

@@ -1,5 +1,7 @@
-// End-to-end with real torch 1.13 workers, side by side with Debian's
-// /usr/bin/torchrun (which needs --redirects 9:1 --tee 9:1 on Python 3.11).
+// End-to-end with real torch workers, side by side with torch's own torchrun
+// (`python -m torch.distributed.run`, the module of /usr/bin/torchrun; 1.13
+// needs --redirects 9:1 --tee 9:1 on Python 3.11). The python is test_python():
+// Debian 12's torch 1.13, or Debian 13's torch 2.6 for the torch2 tests.
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -19,14 +21,9 @@ const std::string kExample = CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py";
 LaunchResult run_torchrun(const std::vector<std::string>& args,
                           const std::map<std::string, std::string>& env = {},
                           std::chrono::seconds timeout = 180s) {
-  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON,
-                                   "/usr/bin/torchrun",
-                                   "--redirects",
-                                   "9:1",
-                                   "--tee",
-                                   "9:1",
-                                   "--monitor_interval",
-                                   "0.1"};
+  std::vector<std::string> argv = {
+      test_python(), "-m",  "torch.distributed.run", "--redirects", "9:1",
+      "--tee",       "9:1", "--monitor_interval",    "0.1"};
   argv.insert(argv.end(), args.begin(), args.end());
   Process p(argv, env, /*capture_stderr=*/true);
   LaunchResult r;
@@ -131,14 +128,19 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
     auto a = parse_env0(read_file(d.path + "/ours." + std::to_string(rank)));
     auto b = parse_env0(read_file(d.path + "/theirs." + std::to_string(rank)));
     REQUIRE(a.size() > 10);
-    // Set by the test for each launcher, not by the launchers.
-    for (const char* k :
-         {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "LAUNCHER", "CTORCHRUN_PYTHON", "_"}) {
+    // Set by the test for each launcher, not by the launchers (USE_LIBUV: by
+    // scripts/torch2's sitecustomize in torchrun's python, for torch 2.6).
+    for (const char* k : {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "LAUNCHER", "CTORCHRUN_PYTHON",
+                          "_", "USE_LIBUV"}) {
       a.erase(k);
       b.erase(k);
     }
+    // ctorchrun cannot know the workers' torch, so it sets both names of this
+    // variable (README): torchrun 1.13 sets only NCCL_..., 2.x only TORCH_NCCL_...
     CHECK(a.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
-    a.erase("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+    CHECK(a.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
+    a.erase(test_torch_version() < std::pair{2, 0} ? "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+                                                   : "NCCL_ASYNC_ERROR_HANDLING");
     for (const auto& [k, v] : b) {
       INFO("variable " << k);
       REQUIRE(a.count(k));

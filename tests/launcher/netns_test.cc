@@ -63,7 +63,7 @@ std::unique_ptr<Process> agent_in(const NetnsPair& net, const std::string& ns,
                                   std::map<std::string, std::string> env = {}) {
   std::vector<std::string> full = {CTORCHRUN_BIN};
   full.insert(full.end(), args.begin(), args.end());
-  env.emplace("CTORCHRUN_PYTHON", CTORCHRUN_TEST_PYTHON);
+  env.emplace("CTORCHRUN_PYTHON", test_python());
   return std::make_unique<Process>(net.in(ns, full), env, /*capture_stderr=*/true);
 }
 

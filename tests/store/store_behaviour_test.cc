@@ -12,6 +12,7 @@
 #include "tests/store/local_server.h"
 #include "tests/store/store_suite.h"
 #include "tests/support/process.h"
+#include "tests/support/test_python.h"
 
 using namespace ctorchrun;
 using namespace ctorchrun::store;
@@ -97,18 +98,21 @@ TEST_CASE("TcpStore: connecting to a closed port times out naming host and port"
   }
 }
 
-TEST_CASE("TcpStore auto against torch 1.13's own server: detects v113 and passes the suite",
+TEST_CASE("TcpStore auto against torch's own server: detects its dialect and passes the suite",
           "[torch]") {
-  testing::Process server({CTORCHRUN_TEST_PYTHON,
+  testing::Process server({testing::test_python(),
                            CTORCHRUN_SOURCE_DIR "/tests/torch/torch_store_server.py", "--port", "0",
                            "--duration", "120"});
   int port = testing::wait_for_listening_port(server, 60s);
   REQUIRE(port > 0);
   auto make = tcp_clients(static_cast<uint16_t>(port), ClientDialect::kAuto);
   auto c = std::dynamic_pointer_cast<TcpStore>(make());
-  CHECK(c->dialect() == protocol::Dialect::kV113);
+  // torch 1.13 (and 2.0) speak v113; 2.1 and later v2.
+  CHECK(c->dialect() == (testing::test_torch_version() >= std::pair{2, 1}
+                             ? protocol::Dialect::kV2
+                             : protocol::Dialect::kV113));
   testing::run_store_suite(make);
-  // The probe must not have stored anything on the 1.13 server.
+  // The probe must not have stored anything on the server.
   auto keys_before = c->num_keys();
   auto probe = make();
   CHECK(c->num_keys() == keys_before);

@@ -1,4 +1,5 @@
-// Real torch 1.13 clients (Debian's python3-torch) against ctorch-store: every
+// Real torch clients (Debian's python3-torch: 1.13, or 2.6 for the torch2
+// tests) against ctorch-store: every
 // Python TCPStore call, and two gloo workers that rendezvous through it as
 // they would through torchrun's agent store.
 
@@ -6,6 +7,7 @@
 #include <regex>
 
 #include "tests/support/process.h"
+#include "tests/support/test_python.h"
 
 using namespace ctorchrun::testing;
 using namespace std::chrono_literals;
@@ -20,8 +22,7 @@ struct StoreProcess {
 // Runs a script of tests/torch/ and returns (exit code, output).
 std::pair<int, std::string> run_script(const std::string& script,
                                        const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {CTORCHRUN_TEST_PYTHON,
-                                   CTORCHRUN_SOURCE_DIR "/tests/torch/" + script};
+  std::vector<std::string> argv = {test_python(), CTORCHRUN_SOURCE_DIR "/tests/torch/" + script};
   argv.insert(argv.end(), args.begin(), args.end());
   Process p(argv, {}, /*capture_stderr=*/true);
   std::string out = p.read_all(120s);
@@ -42,7 +43,7 @@ std::pair<int, int> tally(const std::string& out) {
 
 }  // namespace
 
-TEST_CASE("ctorch-store: every torch 1.13 TCPStore call from Python behaves as on torch's server",
+TEST_CASE("ctorch-store: every torch TCPStore call from Python behaves as on torch's server",
           "[torch]") {
   StoreProcess s;
   REQUIRE(s.port > 0);
@@ -55,7 +56,7 @@ TEST_CASE("ctorch-store: every torch 1.13 TCPStore call from Python behaves as o
   CHECK(failed == 0);
 }
 
-TEST_CASE("ctorch-store: two torch 1.13 gloo workers init_process_group and all_reduce through it",
+TEST_CASE("ctorch-store: two torch gloo workers init_process_group and all_reduce through it",
           "[torch]") {
   StoreProcess s;
   REQUIRE(s.port > 0);

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """One torch worker: gloo process group over an already-running store server.
 
-Usage: /usr/bin/python3 gloo_worker.py [--timeout-s 30]
+Usage: python3 gloo_worker.py [--timeout-s 30]   (torch 1.13 or 2.x)
 
 Environment (as torchrun sets it for workers): MASTER_ADDR, MASTER_PORT, RANK,
 WORLD_SIZE, plus TORCHELASTIC_USE_AGENT_STORE=True and
-TORCHELASTIC_RESTART_COUNT=0 so that torch 1.13's env:// rendezvous makes the
+TORCHELASTIC_RESTART_COUNT=0 so that torch's env:// rendezvous makes the
 worker a pure client of the store at MASTER_ADDR:MASTER_PORT (keys under
-`/worker/attempt_0/`) instead of starting a server on rank 0.
+`/worker/attempt_0/` with torch 1.13; torch 2.x leaves out the attempt prefix)
+instead of starting a server on rank 0.
 
 Runs init_process_group("gloo"), all_reduce of [rank+1.0]*4 (expects the sum
-over ranks), barrier, broadcast from rank 0; prints `rank R ok <sum>` and
+over ranks), barrier, broadcast from rank 0; prints `rank R torch <version>`
+(torch.__version__, first) and `rank R ok <sum>` and
 exits 0, or prints `rank R FAIL: ...` and exits 1. A watchdog ends the worker
 --timeout-s + 15 seconds after start whatever happens.
 """
@@ -27,6 +29,7 @@ BROADCAST_VALUE = 42.0
 
 
 def run(rank, world, timeout_s):
+    print(f"rank {rank} torch {torch.__version__}", flush=True)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
     t = torch.full((4,), rank + 1.0)
     dist.all_reduce(t)

@@ -1,27 +1,32 @@
 #!/usr/bin/env python3
 """Launch real torch gloo workers against a running store server, torchrun-style.
 
-Usage: /usr/bin/python3 run_gloo_pair.py --host 127.0.0.1 --port P [--world 2]
+Usage: python3 run_gloo_pair.py --host 127.0.0.1 --port P [--world 2]
                  [--attempt 0] [--deadline-s 50] [--worker-timeout-s 30]
 
-Starts `world` copies of gloo_worker.py with /usr/bin/python3, each in its own
+Starts `world` copies of gloo_worker.py with the python that runs this script
+(sys.executable: torch 1.13's /usr/bin/python3, or scripts/torch2/python), each in its own
 session/process group, with the environment torchrun gives workers of a static
 rendezvous (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 TORCHELASTIC_USE_AGENT_STORE=True, TORCHELASTIC_RESTART_COUNT=0 unless --attempt,
 OMP_NUM_THREADS=1), so they are pure clients of the server at host:port.
 Waits up to --deadline-s (default 50, keeping the whole run under 60 s), then
 kills the process group of every straggler. Per worker, checks that it exited 0
-and printed `rank R ok ...`; prints `ok <name>` / `FAIL <name>: <detail>`, a
+and printed `rank R ok ...` after `rank R torch <version>` with this python's
+torch (major.minor: a worker of another torch fails); prints `ok <name>` / `FAIL <name>: <detail>`, a
 final `N passed, M failed`, and exits 0 only if all passed. Output of failed
 workers goes to stderr.
 
-The gloo keys a run leaves in the store (`//worker/attempt_N/default_pg/...`:
-peer addresses, barrier counter) are read as-is by a later run with the same
-attempt number, whose workers then fail (wrong address size, connect to dead
-ports). Use a fresh server per run, or a new --attempt (exported as
-TORCHELASTIC_RESTART_COUNT, hence a new key prefix) for each run on one server.
+The gloo keys a run leaves in the store (`//worker/attempt_N/default_pg/...`
+with torch 1.13, `/default_pg/...` with torch 2.x: peer addresses, barrier
+counter) are read as-is by a later run (with the same attempt number, on 1.13),
+whose workers then fail (wrong address size, connect to dead ports). Use a
+fresh server per run; with torch 1.13 a new --attempt (exported as
+TORCHELASTIC_RESTART_COUNT, hence a new key prefix) for each run on one server
+also does.
 """
 import argparse
+import importlib.metadata
 import os
 import re
 import signal
@@ -30,7 +35,8 @@ import sys
 import tempfile
 import time
 
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable
+TORCH = ".".join(importlib.metadata.version("torch").split(".")[:2])  # e.g. 2.6
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_worker.py")
 ALARM_S = 58  # last-resort bound on the whole script
 
@@ -92,7 +98,9 @@ def main():
              None if p.returncode == 0 else
              f"killed after {a.deadline_s:.0f}s" if late else f"exit status {p.returncode}"),
             (f"worker{rank}_ok_line",
-             None if re.search(rf"^rank {rank} ok \S+$", out, re.M) else "no `rank R ok` line"),
+             None if re.search(rf"^rank {rank} torch {re.escape(TORCH)}\.[^\n]*\n(.*\n)*"
+                               rf"rank {rank} ok \S+$", out, re.M)
+             else f"no `rank R ok` line after `rank R torch {TORCH}.*`"),
         ]
         for name, err in results:
             if err is None:
