@@ -254,7 +254,7 @@ TEST_CASE("agent: a signal while workers run is forwarded, then the agent exits 
   CHECK(launcher.starts.size() == 1);
 }
 
-TEST_CASE("issue 6: a malformed failure record of another node is a protocol error, exit 3",
+TEST_CASE("multi-node: a malformed failure record of another node is a protocol error, exit 3",
           "[unit]") {
   FakeLauncher launcher([](int, int) -> std::optional<int> { return std::nullopt; });
   FakeRendezvous rdzv;
@@ -275,8 +275,9 @@ TEST_CASE("issue 6: a malformed failure record of another node is a protocol err
   CHECK(launcher.running() == 0);
 }
 
-TEST_CASE("issue 6: an error file of unexpected types is named in the summary, the restart goes on",
-          "[unit]") {
+TEST_CASE(
+    "multi-node: an error file of unexpected types is named in the summary, the restart goes on",
+    "[unit]") {
   FakeLauncher launcher([](int, int lr) -> std::optional<int> {
     if (lr == 1) return 5;
     return std::nullopt;
@@ -293,7 +294,7 @@ TEST_CASE("issue 6: an error file of unexpected types is named in the summary, t
   CHECK(r.failures[0].exit_code == 5);
 }
 
-TEST_CASE("issue 6: the signal relay never points at a destroyed agent, even when run() throws",
+TEST_CASE("multi-node: the signal relay never points at a destroyed agent, even when run() throws",
           "[unit]") {
   FakeLauncher launcher([](int, int) { return 0; });
   FakeRendezvous rdzv;
@@ -332,7 +333,7 @@ struct SecondNode {
 
 }  // namespace
 
-TEST_CASE("issue 6: a node that left after finishing does not end the workers of another",
+TEST_CASE("multi-node: a node that left after finishing does not end the workers of another",
           "[unit]") {
   SecondNode n;
   agent::ElasticAgent a(n.c, n.rdzv, n.launcher, n.events);
@@ -350,7 +351,7 @@ TEST_CASE("issue 6: a node that left after finishing does not end the workers of
   CHECK(r.exit_code == 0);
 }
 
-TEST_CASE("issue 6: a node that left without finishing ends a static job with exit 3 naming it",
+TEST_CASE("multi-node: a node that left without finishing ends a static job with exit 3 naming it",
           "[unit]") {
   SecondNode n;
   agent::ElasticAgent a(n.c, n.rdzv, n.launcher, n.events);

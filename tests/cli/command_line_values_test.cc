@@ -1,4 +1,4 @@
-// Regression tests of issue 8: empty values, `--` before the script, one
+// Empty values, `--` before the script, one
 // validated table of every --rdzv_conf key, and the hosted store's limits as
 // --rdzv_conf keys.
 
@@ -48,7 +48,8 @@ std::vector<std::string> python_run(std::vector<std::string> script) {
 
 }  // namespace
 
-TEST_CASE("issue 8: an empty value unsets the optional options and swallows nothing", "[unit]") {
+TEST_CASE("command line: an empty value unsets the optional options and swallows nothing",
+          "[unit]") {
   // Each spelling of an empty value: --opt= and --opt ''.
   for (bool attached : {true, false}) {
     auto with_empty = [&](const std::string& opt) {
@@ -88,7 +89,8 @@ TEST_CASE("issue 8: an empty value unsets the optional options and swallows noth
   CHECK(r.config.run_id == "none");
 }
 
-TEST_CASE("issue 8: an empty value of any other option is exit 2 naming the option", "[unit]") {
+TEST_CASE("command line: an empty value of any other option is exit 2 naming the option",
+          "[unit]") {
   for (const char* opt : {"--rdzv_id",
                           "--rdzv-id",
                           "--nnodes",
@@ -118,7 +120,8 @@ TEST_CASE("issue 8: an empty value of any other option is exit 2 naming the opti
   }
 }
 
-TEST_CASE("issue 8: a first -- before the script is dropped, the rest passes unchanged", "[unit]") {
+TEST_CASE("command line: a first -- before the script is dropped, the rest passes unchanged",
+          "[unit]") {
   auto r = parse_ok({"--nproc_per_node=2", "--", "s.py", "a"});
   CHECK(r.config.nproc_per_node == 2);
   CHECK(r.config.entrypoint == python_run({"s.py", "a"}));
@@ -139,7 +142,7 @@ TEST_CASE("issue 8: a first -- before the script is dropped, the rest passes unc
   require_usage_error({"--max_restarts", "-1", "s.py"}, {"--max_restarts: Value -1 not in range"});
 }
 
-TEST_CASE("issue 8: every --rdzv_conf value is checked against its key's range", "[unit]") {
+TEST_CASE("command line: every --rdzv_conf value is checked against its key's range", "[unit]") {
   struct Bad {
     std::string pair;
     std::string expected;
@@ -175,7 +178,7 @@ TEST_CASE("issue 8: every --rdzv_conf value is checked against its key's range",
   require_usage_error({"--rdzv_conf=timeout=5,=3", "s.py"}, {"'=3' is not KEY=VALUE"});
 }
 
-TEST_CASE("issue 8: valid --rdzv_conf values reach LaunchConfig as typed values", "[unit]") {
+TEST_CASE("command line: valid --rdzv_conf values reach LaunchConfig as typed values", "[unit]") {
   auto r =
       parse_ok({"--rdzv_conf= timeout=1.5 ,keep_alive_interval=2,keep_alive_max_attempt=4,"
                 "store_max_value_bytes=70000000,store_max_key_bytes=100,"
@@ -211,8 +214,9 @@ TEST_CASE("issue 8: valid --rdzv_conf values reach LaunchConfig as typed values"
   }
 }
 
-TEST_CASE("issue 8: an unknown --rdzv_conf key, or one the backend does not read, is a warning",
-          "[unit]") {
+TEST_CASE(
+    "command line: an unknown --rdzv_conf key, or one the backend does not read, is a warning",
+    "[unit]") {
   auto r = parse_ok({"--rdzv_conf=timeout=5,bogus_key=1", "s.py"});
   REQUIRE(r.warnings.size() == 1);
   CHECK(r.warnings[0].find("unknown key 'bogus_key'") != std::string::npos);
@@ -223,7 +227,7 @@ TEST_CASE("issue 8: an unknown --rdzv_conf key, or one the backend does not read
         std::string::npos);
 }
 
-TEST_CASE("issue 8: PET_ fallbacks are typed and validated like the command line", "[unit]") {
+TEST_CASE("command line: PET_ fallbacks are typed and validated like the command line", "[unit]") {
   require_usage_error({"s.py"}, {"PET_MASTER_PORT='abc'", "--master-port"},
                       {{"PET_MASTER_PORT", "abc"}});
   require_usage_error({"s.py"}, {"PET_NODE_RANK='-3'"}, {{"PET_NODE_RANK", "-3"}});
@@ -246,7 +250,7 @@ TEST_CASE("issue 8: PET_ fallbacks are typed and validated like the command line
   CHECK(r.config.entrypoint == python_run({"s.py"}));
 }
 
-TEST_CASE("issue 8: --help and the README list every --rdzv_conf key", "[unit]") {
+TEST_CASE("command line: --help and the README list every --rdzv_conf key", "[unit]") {
   auto help = parse({"--help"});
   REQUIRE(help.kind == ParseOutcome::Kind::kExit);
   std::ifstream f(std::string(CTORCHRUN_SOURCE_DIR) + "/README.md");
@@ -261,7 +265,7 @@ TEST_CASE("issue 8: --help and the README list every --rdzv_conf key", "[unit]")
   CHECK(help.message.find("[--] SCRIPT") != std::string::npos);
 }
 
-TEST_CASE("issue 8: ctorchrun refuses bad input at once and accepts -- before the script",
+TEST_CASE("command line: ctorchrun refuses bad input at once and accepts -- before the script",
           "[multiproc]") {
   // node_timeout=abc used to end in exit 70 after the rendezvous.
   auto r = run_ctorchrun(
@@ -312,13 +316,13 @@ bool hosted_store_keeps(const std::string& conf, const std::vector<std::string>&
   return stored;
 }
 
-TEST_CASE("issue 8: store_max_value_bytes lets a 65 MiB value into the hosted store",
+TEST_CASE("command line: store_max_value_bytes lets a 65 MiB value into the hosted store",
           "[multiproc]") {
   CHECK(hosted_store_keeps("store_max_value_bytes=73400320", {std::string(65u << 20, 'v')}));
   CHECK_FALSE(hosted_store_keeps("store_max_value_bytes=1048576", {std::string(2u << 20, 'v')}));
 }
 
-TEST_CASE("issue 8: store_max_request_bytes caps a whole request to the hosted store",
+TEST_CASE("command line: store_max_request_bytes caps a whole request to the hosted store",
           "[multiproc]") {
   // Three 1 MiB values each pass the value limit; together they exceed the
   // request cap, so the MULTI_SET is refused only if the cap reaches the server.

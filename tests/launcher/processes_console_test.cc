@@ -1,4 +1,4 @@
-// Issue 7: processes, signals, the console and the logs, end to end with
+// Processes, signals, the console and the logs, end to end with
 // the ctorchrun binary: a console that does not drain, Ctrl-Z, escaped
 // descendants, the temporary log directory and log files that cannot be
 // written.
@@ -90,7 +90,7 @@ long count_newlines(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("issue 7: a stdout nobody reads never stalls the launcher: SIGTERM exits 143 in time",
+TEST_CASE("processes: a stdout nobody reads never stalls the launcher: SIGTERM exits 143 in time",
           "[multiproc]") {
   TempDir d;
   const std::string fifo = d.file("console.fifo");
@@ -128,7 +128,7 @@ TEST_CASE("issue 7: a stdout nobody reads never stalls the launcher: SIGTERM exi
   ::close(reader);
 }
 
-TEST_CASE("issue 7: descendants that leave the workers' sessions do not outlive the job",
+TEST_CASE("processes: descendants that leave the workers' sessions do not outlive the job",
           "[multiproc]") {
   TempDir d;
   // A setsid grandchild and a double-forked daemon, then a successful exit.
@@ -150,7 +150,8 @@ TEST_CASE("issue 7: descendants that leave the workers' sessions do not outlive 
   for (int pid : daemons) CHECK(process_gone_within(pid, 0ms));
 }
 
-TEST_CASE("issue 7: SIGTERM also ends descendants that left the workers' sessions", "[multiproc]") {
+TEST_CASE("processes: SIGTERM also ends descendants that left the workers' sessions",
+          "[multiproc]") {
   TempDir d;
   auto p =
       start_ctorchrun({"--standalone", "--nproc_per_node=1", "--no_python", "/bin/sh", "-c",
@@ -161,7 +162,7 @@ TEST_CASE("issue 7: SIGTERM also ends descendants that left the workers' session
   CHECK(process_gone_within(std::stoi(read_file(d.file("escaped"))), 0ms));
 }
 
-TEST_CASE("issue 7: Ctrl-Z (SIGTSTP) stops the workers and the launcher, SIGCONT resumes both",
+TEST_CASE("processes: Ctrl-Z (SIGTSTP) stops the workers and the launcher, SIGCONT resumes both",
           "[multiproc]") {
   TempDir d;
   auto p = start_ctorchrun({"--standalone", "--nproc_per_node=2", "--no_python", "/bin/sh", "-c",
@@ -180,7 +181,7 @@ TEST_CASE("issue 7: Ctrl-Z (SIGTSTP) stops the workers and the launcher, SIGCONT
   CHECK(p->exit_code(20s) == 143);
 }
 
-TEST_CASE("issue 7: the temporary log directory honours TMPDIR and goes when it stays empty",
+TEST_CASE("processes: the temporary log directory honours TMPDIR and goes when it stays empty",
           "[multiproc]") {
   TempDir d;
   std::map<std::string, std::string> env = {{"TMPDIR", d.path}};
@@ -245,8 +246,9 @@ TEST_CASE("issue 7: the temporary log directory honours TMPDIR and goes when it 
   }
 }
 
-TEST_CASE("issue 7: a log file that cannot be written is warned about and named after the summary",
-          "[multiproc]") {
+TEST_CASE(
+    "processes: a log file that cannot be written is warned about and named after the summary",
+    "[multiproc]") {
   TempDir d;
   // RLIMIT_FSIZE of 1 MiB (ulimit -f counts 512-byte blocks) for the
   // launcher: its writes beyond that fail with EFBIG. The worker writes 3 MB
@@ -271,7 +273,8 @@ TEST_CASE("issue 7: a log file that cannot be written is warned about and named 
   CHECK(named > summary);
 }
 
-TEST_CASE("issue 7: a busy master port is named by the flag ctorchrun users type", "[multiproc]") {
+TEST_CASE("processes: a busy master port is named by the flag ctorchrun users type",
+          "[multiproc]") {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
   sockaddr_in addr{};

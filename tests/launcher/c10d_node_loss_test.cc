@@ -1,4 +1,4 @@
-// Regression tests of issue 11: elastic c10d jobs that lose a node. Real
+// Elastic c10d jobs that lose a node. Real
 // agents on loopback, killed with SIGKILL of their process group; shell
 // workers record what they see, and torch workers for the real thing.
 
@@ -45,7 +45,7 @@ struct Job {
 }  // namespace
 
 TEST_CASE(
-    "issue 11: a node whose agent is SIGKILLed at --max_restarts=0: the survivors re-form at "
+    "c10d node loss: a node whose agent is SIGKILLed at --max_restarts=0: the survivors re-form at "
     "once without it, spend no restart and finish",
     "[multiproc]") {
   Job job;
@@ -81,7 +81,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 11: a loss below MIN waits for nodes until join_timeout, then exits 3 naming how "
+    "c10d node loss: a loss below MIN waits for nodes until join_timeout, then exits 3 naming how "
     "many joined",
     "[multiproc]") {
   Job job;
@@ -102,7 +102,7 @@ TEST_CASE(
   CHECK(took < 20s);  // bounded by join_timeout (3 s), not by a default
 }
 
-TEST_CASE("issue 11: a spare takes a lost node's place in the next round", "[multiproc]") {
+TEST_CASE("c10d node loss: a spare takes a lost node's place in the next round", "[multiproc]") {
   Job job;
   job.nnodes = "1:2";
   auto a = job.agent("a");
@@ -124,7 +124,7 @@ TEST_CASE("issue 11: a spare takes a lost node's place in the next round", "[mul
 }
 
 TEST_CASE(
-    "issue 11: the endpoint host's loss ends the other nodes with exit 3 within the liveness "
+    "c10d node loss: the endpoint host's loss ends the other nodes with exit 3 within the liveness "
     "bound, naming the cause",
     "[multiproc]") {
   Job job;
@@ -145,7 +145,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 11: torch workers (gloo) that lose a peer node: the failure it causes is refunded "
+    "c10d node loss: torch workers (gloo) that lose a peer node: the failure it causes is refunded "
     "and the survivor finishes at --max_restarts=0",
     "[torch]") {
   TempDir d;

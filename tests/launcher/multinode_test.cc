@@ -1,4 +1,4 @@
-// Regression tests of issue 6: multi-node jobs that never hurt healthy work.
+// Multi-node jobs that never hurt healthy work.
 // Several ctorchrun agents on this host, shell workers, readiness by files.
 
 #include <signal.h>
@@ -24,7 +24,7 @@ bool contains(const std::string& text, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("issue 6: nodes of another job are refused and the running job is untouched",
+TEST_CASE("multi-node: nodes of another job are refused and the running job is untouched",
           "[multiproc]") {
   TempDir d;
   std::string port = std::to_string(free_port());
@@ -65,7 +65,7 @@ TEST_CASE("issue 6: nodes of another job are refused and the running job is unto
   CHECK_FALSE(contains(out, "failed"));
 }
 
-TEST_CASE("issue 6: nodes that disagree on --nnodes both exit 2 naming both values",
+TEST_CASE("multi-node: nodes that disagree on --nnodes both exit 2 naming both values",
           "[multiproc]") {
   TempDir d;
   std::string port = std::to_string(free_port());
@@ -90,7 +90,7 @@ TEST_CASE("issue 6: nodes that disagree on --nnodes both exit 2 naming both valu
   CHECK_FALSE(file_exists(d.file("started_1")));
 }
 
-TEST_CASE("issue 6: node 0 hosts the store at any address of this host, refuses others at once",
+TEST_CASE("multi-node: node 0 hosts the store at any address of this host, refuses others at once",
           "[multiproc]") {
   TempDir d;
   for (std::string addr : {"127.0.1.1", "127.0.0.2", "::1", "[::1]"}) {
@@ -124,8 +124,9 @@ TEST_CASE("issue 6: node 0 hosts the store at any address of this host, refuses 
   CHECK(contains(r.output, "no-such-host.invalid"));
 }
 
-TEST_CASE("issue 6: a node whose workers finished waits for a node still running, store host too",
-          "[multiproc]") {
+TEST_CASE(
+    "multi-node: a node whose workers finished waits for a node still running, store host too",
+    "[multiproc]") {
   for (int short_node : {0, 1}) {
     TempDir d;
     std::string port = std::to_string(free_port());
@@ -151,7 +152,7 @@ TEST_CASE("issue 6: a node whose workers finished waits for a node still running
   }
 }
 
-TEST_CASE("issue 6: a failure after the other node finished still restarts the whole job",
+TEST_CASE("multi-node: a failure after the other node finished still restarts the whole job",
           "[multiproc]") {
   TempDir d;
   std::string port = std::to_string(free_port());
@@ -177,7 +178,7 @@ TEST_CASE("issue 6: a failure after the other node finished still restarts the w
   CHECK(file_exists(d.file("n0_attempt_1")));
 }
 
-TEST_CASE("issue 6: the store host declares a frozen node dead after the keep-alive window",
+TEST_CASE("multi-node: the store host declares a frozen node dead after the keep-alive window",
           "[multiproc]") {
   TempDir d;
   std::string port = std::to_string(free_port());

@@ -1,4 +1,4 @@
-// Regression tests of issue 10: torchrun's multi-node command with
+// Torchrun's multi-node command with
 // --rdzv_backend=c10d. The command line, then real agents on loopback with
 // shell workers (and torch workers for the growing world).
 
@@ -29,7 +29,7 @@ bool contains(const std::string& text, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("issue 10: --rdzv_backend=c10d takes the endpoint, torchrun's default port and MIN:MAX",
+TEST_CASE("c10d: --rdzv_backend=c10d takes the endpoint, torchrun's default port and MIN:MAX",
           "[unit]") {
   auto r = parse({"--nnodes=1:4", "--rdzv_backend=c10d", "--rdzv_endpoint=host0", "--rdzv_id=job7",
                   "train.py"});
@@ -67,7 +67,7 @@ TEST_CASE("issue 10: --rdzv_backend=c10d takes the endpoint, torchrun's default 
 }
 
 TEST_CASE(
-    "issue 10: under c10d --node_rank, --master_addr and --master_port are ignored with a "
+    "c10d: under c10d --node_rank, --master_addr and --master_port are ignored with a "
     "one-line notice each",
     "[unit]") {
   auto r = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=h:5", "--node_rank=1", "--master_addr=x",
@@ -84,7 +84,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("issue 10: c10d without an endpoint is a usage error (exit 2), --standalone needs none",
+TEST_CASE("c10d: c10d without an endpoint is a usage error (exit 2), --standalone needs none",
           "[unit]") {
   auto r = parse({"--rdzv_backend=c10d", "--nnodes=2", "s.py"});
   REQUIRE(r.kind == ParseOutcome::Kind::kExit);
@@ -96,8 +96,7 @@ TEST_CASE("issue 10: c10d without an endpoint is a usage error (exit 2), --stand
   CHECK(r.config.nnodes() == 1);
 }
 
-TEST_CASE("issue 10: two agents with --nnodes=2 under c10d form one job and finish it",
-          "[multiproc]") {
+TEST_CASE("c10d: two agents with --nnodes=2 under c10d form one job and finish it", "[multiproc]") {
   TempDir d;
   const std::string port = std::to_string(free_port());
   // Each worker leaves its ranks in a file named after its global rank.
@@ -162,7 +161,7 @@ TEST_CASE("issue 10: two agents with --nnodes=2 under c10d form one job and fini
 }
 
 TEST_CASE(
-    "issue 10: MIN never reached ends the agent with exit 3 after join_timeout, naming the "
+    "c10d: MIN never reached ends the agent with exit 3 after join_timeout, naming the "
     "count",
     "[multiproc]") {
   const std::string port = std::to_string(free_port());
@@ -178,7 +177,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 10: an agent whose --max_restarts differs from the job's exits 2 naming both "
+    "c10d: an agent whose --max_restarts differs from the job's exits 2 naming both "
     "values",
     "[multiproc]") {
   const std::string port = std::to_string(free_port());
@@ -202,7 +201,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 10: two ids share one standalone ctorch-store at the endpoint, each with its "
+    "c10d: two ids share one standalone ctorch-store at the endpoint, each with its "
     "own workers' store",
     "[multiproc]") {
   Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
@@ -246,7 +245,7 @@ TEST_CASE(
   CHECK(count_lines_with(out, "hosting the rendezvous store") == 0);
 }
 
-TEST_CASE("issue 10: three agents with --nnodes=1:3 and different --nproc_per_node complete at MAX",
+TEST_CASE("c10d: three agents with --nnodes=1:3 and different --nproc_per_node complete at MAX",
           "[multiproc]") {
   TempDir d;
   const std::string port = std::to_string(free_port());
@@ -288,7 +287,7 @@ TEST_CASE("issue 10: three agents with --nnodes=1:3 and different --nproc_per_no
   CHECK_FALSE(file_exists(d.file("rank_6")));
 }
 
-TEST_CASE("issue 10: the DDP example on two c10d agents ends with the static backend's digest",
+TEST_CASE("c10d: the DDP example on two c10d agents ends with the static backend's digest",
           "[torch]") {
   const std::string example = CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py";
   TempDir d;
@@ -337,7 +336,7 @@ std::set<std::string> attempt_dirs(const std::string& log_dir) {
 }  // namespace
 
 TEST_CASE(
-    "issue 10: a node joining a running job is admitted without a restart: the world grows, "
+    "c10d: a node joining a running job is admitted without a restart: the world grows, "
     "it takes the job's restart count, the round logs under attempt_<k>.r<round>",
     "[multiproc]") {
   TempDir d;
@@ -382,7 +381,7 @@ TEST_CASE(
   CHECK(attempt_dirs(d.file("logs_b")) == std::set<std::string>{"attempt_1"});
 }
 
-TEST_CASE("issue 10: a node beyond MAX waits as a spare, says so, and exits 0 when the job ends",
+TEST_CASE("c10d: a node beyond MAX waits as a spare, says so, and exits 0 when the job ends",
           "[multiproc]") {
   TempDir d;
   const std::string port = std::to_string(free_port());
@@ -412,7 +411,7 @@ TEST_CASE("issue 10: a node beyond MAX waits as a spare, says so, and exits 0 wh
 }
 
 TEST_CASE(
-    "issue 10: on a standalone store a finished id refuses a node at once (exit 3) within "
+    "c10d: on a standalone store a finished id refuses a node at once (exit 3) within "
     "join_timeout, then serves a new job",
     "[multiproc]") {
   Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
@@ -442,7 +441,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 10: torch workers (gloo) of a running c10d job grow from one node to two when a "
+    "c10d: torch workers (gloo) of a running c10d job grow from one node to two when a "
     "node joins",
     "[torch]") {
   TempDir d;

@@ -1,4 +1,4 @@
-// Regression tests of issue 14: --rdzv_backend=etcd-v3, real agents against
+// --rdzv_backend=etcd-v3, real agents against
 // real etcd processes (tests/support/etcd_server.h) on loopback. Shell
 // workers record what they see and run until the test's stop file exists.
 
@@ -99,7 +99,7 @@ long long etcd_ranges(const std::string& endpoint) {
 }  // namespace
 
 TEST_CASE(
-    "issue 14: etcd-v3 takes a list of members, etcd and etcd-v2 with a notice, https with "
+    "etcd-v3: etcd-v3 takes a list of members, etcd and etcd-v2 with a notice, https with "
     "certificates, and the contradictions refused",
     "[unit]") {
   auto r = parse({"--nnodes=1:3", "--rdzv_backend=etcd", "--rdzv_endpoint=h1:2379,h2,[::1]:23",
@@ -178,7 +178,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: agents on etcd form a job, admit a late node, finish, and leave only the "
+    "etcd-v3: agents on etcd form a job, admit a late node, finish, and leave only the "
     "closed marker, which refuses the id at once",
     "[multiproc]") {
   EtcdCluster etcd(1);
@@ -214,7 +214,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: the closed marker of a finished etcd job expires after join_timeout, "
+    "etcd-v3: the closed marker of a finished etcd job expires after join_timeout, "
     "leaving the prefix empty",
     "[multiproc]") {
   EtcdCluster etcd(1);
@@ -239,7 +239,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: the etcd leader SIGKILLed while three agents run costs no worker restart and "
+    "etcd-v3: the etcd leader SIGKILLed while three agents run costs no worker restart and "
     "no agent, the job finishes",
     "[multiproc]") {
   EtcdCluster etcd(3);
@@ -260,7 +260,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: the etcd member every agent talks to hangs (SIGSTOP): no lease lost, no worker "
+    "etcd-v3: the etcd member every agent talks to hangs (SIGSTOP): no lease lost, no worker "
     "restart, the job finishes",
     "[multiproc]") {
   EtcdCluster etcd(3);
@@ -284,7 +284,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: an agent paused past its lease's TTL (SIGSTOP) is dropped, then comes back under "
+    "etcd-v3: an agent paused past its lease's TTL (SIGSTOP) is dropped, then comes back under "
     "a new lease and is admitted again",
     "[multiproc]") {
   EtcdCluster etcd(1);
@@ -316,7 +316,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: the agent hosting the workers' store SIGKILLed: the other sees its store close and "
+    "etcd-v3: the agent hosting the workers' store SIGKILLed: the other sees its store close and "
     "re-forms without waiting for the lease",
     "[multiproc]") {
   EtcdCluster etcd(1);
@@ -354,7 +354,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: the whole etcd cluster stalls (SIGSTOP) past the leases' TTL but within "
+    "etcd-v3: the whole etcd cluster stalls (SIGSTOP) past the leases' TTL but within "
     "read_timeout: the job goes on and finishes, no restart charged",
     "[multiproc]") {
   EtcdCluster etcd(3);
@@ -381,7 +381,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: a running etcd job learns of membership changes from a watch, not by polling "
+    "etcd-v3: a running etcd job learns of membership changes from a watch, not by polling "
     "etcd",
     "[multiproc]") {
   EtcdCluster etcd(1);
@@ -414,7 +414,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: a plain node of a three-node etcd job SIGKILLed: the other two re-form at once "
+    "etcd-v3: a plain node of a three-node etcd job SIGKILLed: the other two re-form at once "
     "and finish",
     "[multiproc]") {
   EtcdCluster etcd(3);
@@ -462,7 +462,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: every member of a three-member etcd cluster stopped ends the agents with "
+    "etcd-v3: every member of a three-member etcd cluster stopped ends the agents with "
     "exit 3 within read_timeout, naming the members",
     "[multiproc]") {
   EtcdCluster etcd(3);
@@ -480,7 +480,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: torch workers (gloo) on etcd: the node hosting the workers' store SIGKILLed, "
+    "etcd-v3: torch workers (gloo) on etcd: the node hosting the workers' store SIGKILLed, "
     "the other re-forms (its own workers' store) and finishes from the checkpoint at "
     "--max_restarts=0",
     "[torch]") {
@@ -539,7 +539,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "issue 14: agents on etcd over https with client certificates (--client-cert-auth) run a "
+    "etcd-v3: agents on etcd over https with client certificates (--client-cert-auth) run a "
     "job and finish, and a wrong CA ends a node at once with exit 2",
     "[multiproc]") {
   EtcdCluster etcd(1, 30s, EtcdCluster::Tls::kOn);

@@ -1,4 +1,4 @@
-// Regression tests for issue 9: no request freezes the store, every slow
+// No request freezes the store, every slow
 // reader is bounded, no refusal goes unreported, torch's ADD wrap, a correct
 // APPEND on torch 1.13 servers, and keys bound to a connection.
 
@@ -83,7 +83,7 @@ class LogCapture {
 
 }  // namespace
 
-TEST_CASE("issue 9: completing a WAIT on 131072 distinct keys examines each key once", "[net]") {
+TEST_CASE("store: completing a WAIT on 131072 distinct keys examines each key once", "[net]") {
   auto server = local_server();
   RawClient waiter(server->port()), setter(server->port()), other(server->port());
   for (auto* c : {&waiter, &setter, &other}) c->send(wire::validate());
@@ -105,8 +105,7 @@ TEST_CASE("issue 9: completing a WAIT on 131072 distinct keys examines each key 
   CHECK(server->stats().waiter_entries_examined - before == kMaxKeys);
 }
 
-TEST_CASE("issue 9: a WAIT naming one key 131072 times completes after examining it once",
-          "[net]") {
+TEST_CASE("store: a WAIT naming one key 131072 times completes after examining it once", "[net]") {
   auto server = local_server();
   RawClient waiter(server->port()), setter(server->port()), other(server->port());
   for (auto* c : {&waiter, &setter, &other}) c->send(wire::validate());
@@ -122,7 +121,7 @@ TEST_CASE("issue 9: a WAIT naming one key 131072 times completes after examining
   CHECK(server->stats().waiter_entries_examined - before == 1);
 }
 
-TEST_CASE("issue 9: a multi-key request received in pieces is parsed from where it stopped",
+TEST_CASE("store: a multi-key request received in pieces is parsed from where it stopped",
           "[unit]") {
   protocol::Limits limits;
   limits.max_key_bytes = 16;
@@ -162,8 +161,7 @@ TEST_CASE("issue 9: a multi-key request received in pieces is parsed from where 
   CHECK(req.key == "/g");
 }
 
-TEST_CASE("issue 9: a 131072-key WAIT sent in small pieces does not hold up other clients",
-          "[net]") {
+TEST_CASE("store: a 131072-key WAIT sent in small pieces does not hold up other clients", "[net]") {
   auto server = local_server();
   RawClient waiter(server->port()), other(server->port());
   std::vector<std::string> keys;
@@ -185,7 +183,7 @@ TEST_CASE("issue 9: a 131072-key WAIT sent in small pieces does not hold up othe
 }
 
 TEST_CASE(
-    "issue 9: every refusal over a limit is counted, and the first per client is logged at once",
+    "store: every refusal over a limit is counted, and the first per client is logged at once",
     "[net]") {
   LogCapture log;
   ServerOptions o;
@@ -240,7 +238,7 @@ TEST_CASE(
   CHECK(lines[1].find("/refused-" + std::string(91, 'k') + "...") != std::string::npos);
 }
 
-TEST_CASE("issue 9: a request limit below key + value limits is refused at start", "[unit]") {
+TEST_CASE("store: a request limit below key + value limits is refused at start", "[unit]") {
   ServerOptions o;
   o.limits.max_key_bytes = 100;
   o.limits.max_value_bytes = 1000;
@@ -252,7 +250,7 @@ TEST_CASE("issue 9: a request limit below key + value limits is refused at start
   CHECK(protocol::request_limit(l) == (size_t{65} << 20));
 }
 
-TEST_CASE("issue 9: a WATCH_KEY client that never reads its events is closed, not buffered",
+TEST_CASE("store: a WATCH_KEY client that never reads its events is closed, not buffered",
           "[net]") {
   LogCapture log;
   auto server = local_server();
@@ -272,7 +270,7 @@ TEST_CASE("issue 9: a WATCH_KEY client that never reads its events is closed, no
   CHECK(log.lines_with("WATCH_KEY client left its events unread").size() == 1);
 }
 
-TEST_CASE("issue 9: ADD wraps past int64's ends as torch's servers do", "[net]") {
+TEST_CASE("store: ADD wraps past int64's ends as torch's servers do", "[net]") {
   auto server = local_server();
   for (Dialect d : {Dialect::kV113, Dialect::kV2}) {
     RawClient c(server->port());
@@ -290,7 +288,7 @@ TEST_CASE("issue 9: ADD wraps past int64's ends as torch's servers do", "[net]")
   CHECK(c->add("n", -1) == std::numeric_limits<int64_t>::max());
 }
 
-TEST_CASE("issue 9: four clients appending through the 1.13 emulation lose no byte", "[net]") {
+TEST_CASE("store: four clients appending through the 1.13 emulation lose no byte", "[net]") {
   auto server = local_server();
   constexpr int kClients = 4, kAppends = 50;
   std::vector<std::thread> threads;
@@ -317,7 +315,7 @@ TEST_CASE("issue 9: four clients appending through the 1.13 emulation lose no by
   CHECK_FALSE(c->check({std::string("log") + TcpStore::kAppendLockSuffix}));
 }
 
-TEST_CASE("issue 9: keys bound to a SIGKILLed client's connection are gone within 100 ms",
+TEST_CASE("store: keys bound to a SIGKILLed client's connection are gone within 100 ms",
           "[multiproc]") {
   Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
   int port = wait_for_listening_port(store, 20s);
@@ -359,7 +357,7 @@ TEST_CASE("issue 9: keys bound to a SIGKILLed client's connection are gone withi
   CHECK(observer->get("unbound") == "stays");
 }
 
-TEST_CASE("issue 9: a bound key's marker follows its current holder", "[net]") {
+TEST_CASE("store: a bound key's marker follows its current holder", "[net]") {
   auto server = local_server();
   auto observer = client(server->port());
   {
@@ -381,7 +379,7 @@ TEST_CASE("issue 9: a bound key's marker follows its current holder", "[net]") {
   CHECK(observer->get("mine-then-deleted") == "observer's");
 }
 
-TEST_CASE("issue 9: binding keys to a connection is reported not supported without the extension",
+TEST_CASE("store: binding keys to a connection is reported not supported without the extension",
           "[net]") {
   auto server = local_server();
   // Our server in the 1.13 dialect stands for torch 1.13's server here.
@@ -439,7 +437,7 @@ TEST_CASE("issue 9: binding keys to a connection is reported not supported witho
 }
 
 TEST_CASE(
-    "issue 9: against torch's own server, appends lose no byte and bound keys are not supported",
+    "store: against torch's own server, appends lose no byte and bound keys are not supported",
     "[torch]") {
   Process server({test_python(), CTORCHRUN_SOURCE_DIR "/tests/torch/torch_store_server.py",
                   "--port", "0", "--duration", "120"});
@@ -471,7 +469,7 @@ TEST_CASE(
   CHECK(c->get("after") == "ok");
 }
 
-TEST_CASE("issue 9: after a set() refused over a limit, the next call's error says why", "[net]") {
+TEST_CASE("store: after a set() refused over a limit, the next call's error says why", "[net]") {
   ServerOptions o;
   o.limits.max_value_bytes = 1024;
   auto server = local_server(o);
