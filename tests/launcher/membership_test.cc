@@ -186,7 +186,15 @@ TEST_CASE(
       for (auto& [n, p] : agents) {
         if (n == leaver) continue;
         staying.push_back(p.get());
-        REQUIRE(wait_for_lines(job.seen(n), 2, 15s));
+        // A survivor slow to stop its workers (a sanitised build on a busy
+        // machine) may come back after the other's last call and be admitted
+        // a round later: what counts is that both run a world of 2 at restart
+        // count 0.
+        const auto until = std::chrono::steady_clock::now() + 30s;
+        while (job.last(n).substr(0, 4) != "2 0 " && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(100ms);
+        }
+        CHECK(lines_of(job.seen(n)).size() >= 2);
         CHECK(job.last(n).substr(0, 4) == "2 0 ");
       }
       job.stop();
