@@ -241,6 +241,12 @@ void C10dState::enter(const std::string& slot, int attempt) {
   // On the presence connection, the record vanishes with this agent (and its
   // gone marker tells the node that builds the roster).
   (presence_ != nullptr ? *presence_ : job_).set(key("node/" + slot), record_json(attempt));
+  // A SET has no reply, and the presence connection is not the one the
+  // tallies below go over: one round trip on it makes the record visible
+  // before this node counts as entered, so that a roster builder, which
+  // reads only records present, never takes a node that is on its way for
+  // one that died.
+  if (presence_ != nullptr) presence_->check({key("node/" + slot)});
   int rejoined = 0;
   if (slot[0] == 'm') rejoined = static_cast<int>(job_.tally_add(key("rejoined"), ""));
   const int count = static_cast<int>(job_.tally_add(key("entered"), slot));
