@@ -190,14 +190,14 @@ void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector
     // comes as a newcomer, after them.
     enter_as_newcomer(previous.round + 1, attempt, true);
     expected_back_ = expected;
-    running_members_ = size;
+    running_slots_ = previous.slots;
     return;
   }
   round_ = previous.round + 1;
   slot_ = "m" + std::to_string(previous.group_rank);
   expected_back_ = expected;
   open_ = true;
-  running_members_ = size;
+  running_slots_ = previous.slots;
   min_seen_ = false;
   last_call_since_.reset();
   claim_seen_at_.reset();
@@ -220,7 +220,6 @@ void C10dState::enter_as_newcomer(int round, int attempt, bool open) {
   last_call_since_.reset();
   claim_seen_at_.reset();
   open_ = open;
-  running_members_ = 0;
   running_slots_.clear();
   next_watched_ = 0;
   const int i = static_cast<int>(job_.tally_add(key("joined"), ""));
@@ -409,7 +408,6 @@ std::optional<C10dRound> C10dState::poll() {
     // Left out (the round was full, or completed before this node came
     // back): wait in the next one, carrying the restart count it has.
     enter_as_newcomer(round_ + 1, attempt_, false);
-    running_members_ = static_cast<int>(r.nodes.size());
     running_slots_ = r.slots;
     return std::nullopt;
   }
@@ -417,14 +415,12 @@ std::optional<C10dRound> C10dState::poll() {
   if (!open_) {
     const std::string reform_key = round_key(generation_, round_ - 1, "reform");
     if (!job_.check({reform_key})) {
-      if (running_members_ == 0) {
+      if (running_slots_.empty()) {
         const std::string prev = round_key(generation_, round_ - 1, "complete");
         if (job_.check({prev})) {
           auto j = parse_object(job_.get(prev), prev);
           auto m = j.find("members");
           if (m != j.end() && m->is_array()) {
-            running_members_ = static_cast<int>(m->size());
-            running_slots_.clear();
             for (const auto& member : *m) {
               auto slot = member.is_object() ? member.find("slot") : member.end();
               const bool ok = member.is_object() && slot != member.end() && slot->is_string() &&
@@ -506,10 +502,10 @@ void C10dState::watch_running_round() {
   // re-form it then, and this node would wait for ever. One presence per
   // poll, in turn, and the round's leavers; when one is gone, all are looked
   // at.
-  if (running_members_ <= 0 || round_ < 1) return;
+  if (running_members() <= 0 || round_ < 1) return;
   const std::vector<int> left =
-      C10dRoundWatch::left_members(job_, generation_, round_ - 1, running_members_);
-  if (presence_ == nullptr && static_cast<int>(left.size()) < running_members_) return;
+      C10dRoundWatch::left_members(job_, generation_, round_ - 1, running_members());
+  if (presence_ == nullptr && static_cast<int>(left.size()) < running_members()) return;
   // Lost: its presence key vanished with its agent, or its record did (a
   // member that died before it held its presence).
   auto gone = [&](int g) {
@@ -524,14 +520,14 @@ void C10dState::watch_running_round() {
            job_.check({round_key(generation_, round_ - 1, "node/" + running_slots_[i]) +
                        store::protocol::kGoneSuffix});
   };
-  const int g = next_watched_++ % running_members_;
+  const int g = next_watched_++ % running_members();
   if (!gone(g)) return;
   MembershipChange change;
-  for (int m = 0; m < running_members_; ++m) {
+  for (int m = 0; m < running_members(); ++m) {
     if (!gone(m)) return;
     change.lost.push_back(m);
   }
-  const bool all_left = static_cast<int>(left.size()) >= running_members_;
+  const bool all_left = static_cast<int>(left.size()) >= running_members();
   change.cause = all_left ? "agent left" : "agent exited";
   change.reason = "every node of round " + std::to_string(round_ - 1) + " is gone (" +
                   (all_left ? "left" : "lost or left") + ")";

@@ -26,8 +26,10 @@
 //                        carries; 0 for a newcomer)}. Slots: "n<i>" for the
 //                        i-th newcomer, "m<g>" for the member of round R-1
 //                        with group rank g, coming back.
-//     entered            tally of slots, once the node's record is written;
-//                        its count says who made MIN/MAX
+//     entered            tally of slots, once the node's record is written
+//                        and visible (a round trip on the presence
+//                        connection after its SET); its count says who made
+//                        MIN/MAX
 //     rejoined           tally: members of R-1 that came back
 //     min                set by the node whose count reached MIN: the start of
 //                        every node's last call
@@ -44,6 +46,9 @@
 //                        admission re-forms the round) or "finishing" (a
 //                        member's workers succeeded: no admission in attempt k,
 //                        re-forming would redo work); whichever comes first
+//     left               tally of the group ranks of R's members that left
+//                        on purpose (C10dRoundWatch::leave); entries that are
+//                        no group rank of R are ignored
 //   g<G>/rdzv/closed     {"outcome", "round", "closed_at_ms"}: the job ended
 //                        (succeeded, or its restarts ran out). A node arriving
 //                        within `closed_window` of closed_at_ms is refused
@@ -60,31 +65,39 @@
 //     - count >= MIN and last_call_timeout has passed on a node's own steady
 //       clock since it saw rdzv/<R>/min.
 //     Completing = compare_set(claim) then compare_set(complete); a claim
-//     not followed by a roster within claim_timeout is overridden. An
-//     entrant that died before the round completed (its record, written on
-//     its presence connection, vanished) is a member of the roster; the next
-//     member's watch finds its record's gone marker at once and re-forms.
+//     not followed by a roster within claim_timeout is overridden. The
+//     roster holds only the entrants whose records exist at that moment (one
+//     check and one multi_get, or a non-waiting read per record,
+//     store::read_if_present): one that died (its record, on its presence
+//     connection, vanished) or left on purpose (withdrew it) is left out,
+//     and nothing waits for a record that can vanish. Fewer than MIN left:
+//     the claim goes and the round waits for more.
 //   reform (C10dRoundWatch, any member):
-//     - admission: nodes wait in round R+1, round R has fewer than MAX
+//     - admission: live nodes (their records there) wait in round R+1,
+//       round R has fewer than MAX
 //       members, last_call_timeout has passed since this member saw R complete
 //       (so at most one admission per last call), and it takes the attempt's
 //       gate before any member's workers finish;
-//     - every member lost: a node waiting in R+1 finds every member's
-//       presence gone (it looks at one per poll) and re-forms R itself;
+//     - every member gone: a node waiting in R+1 finds every member lost
+//       (its presence's or its record's gone marker) or left (the left
+//       tally); it looks at one per poll and re-forms R itself;
+//     - leave: a member is in R's left tally (every member reads it each
+//       check, so a leave is seen whoever watches whom);
 //     - loss: a member's presence key vanished with its agent (the next member
 //       sees its gone marker and lists every member whose marker is there),
 //       or the caller names the lost members (C10dRoundWatch::reform; the
-//       agent does for a heartbeat timeout or a member that left mid-run).
+//       agent does for a heartbeat timeout).
 //   present/<g> (per round): member g's presence (C10dRoundWatch::present_key)
 //   Wall clocks of different hosts are never compared, with one exception
 //   that decides nothing about a running job: closed_at_ms, the closing
 //   node's wall clock, against an arriving node's, to end the closed window.
 //
 // ## Cost
-// A newcomer's entry is 4 requests plus the settings' compare_set; a
-// member's return 5; each poll() at most 4; building the roster 3; reading it
-// 1 (bytes O(N)). Waiting is on keys the store wakes, so a poll runs once a
-// slice of the caller, not in a busy loop.
+// A newcomer's entry is 5 requests plus the settings' compare_set; a
+// member's return 6; each poll() at most 4; building the roster 4, plus one
+// per entrant when some entrant's record is gone; reading it 1 (bytes O(N)).
+// A member's check() is 3 requests, plus 2 to 3 when nodes wait. Waiting is on keys the store
+// wakes, so a poll runs once a slice of the caller, not in a busy loop.
 //
 // Thread safety: one C10dState per node, used by one thread at a time.
 // Errors: ConfigError (settings differ), JobClosedError (the job ended),
@@ -187,7 +200,7 @@ class C10dState {
   // with MAX nodes, or re-forms only at its next admission.
   bool waiting() const { return !open_; }
   // True while it waits and the running round has MAX nodes.
-  bool spare() const { return !open_ && running_members_ >= settings_.max_nodes; }
+  bool spare() const { return !open_ && running_members() >= settings_.max_nodes; }
   // How long until this node's last call ends (max() when none runs).
   std::chrono::milliseconds until_last_call() const;
 
@@ -246,8 +259,10 @@ class C10dState {
   std::string slot_;
   int expected_back_ = 0;  // members of round_-1 expected to come back (0: a newcomer)
   bool open_ = false;
-  int running_members_ = 0;                 // members of the running round round_-1, when known
-  std::vector<std::string> running_slots_;  // their slots, by group rank, when known
+  // The slots of the running round round_-1's members, by group rank, when
+  // known ("" for one unreadable).
+  std::vector<std::string> running_slots_;
+  int running_members() const { return static_cast<int>(running_slots_.size()); }
   bool min_seen_ = false;
   std::optional<Clock::time_point> last_call_since_;
   std::optional<Clock::time_point> claim_seen_at_;
