@@ -9,9 +9,13 @@
 //   /ctorchrun/<run_id>/<key>   the job's agents (the keys below)
 // Workers' keys (torch's "/worker/attempt_<k>/", "/default_pg/", ...) live
 // outside "/ctorchrun/" and are erased by the store host between attempts.
-// Under --rdzv_backend=c10d the endpoint's store holds, per run id,
-//   /ctorchrun/<run_id>/rdzv/...        the rendezvous (rendezvous/c10d_state.h)
-//   /ctorchrun/<run_id>/r<round>/<key>  the keys below, for that round
+// Under --rdzv_backend=c10d the endpoint's store (etcd-v3: etcd under
+// <etcd_prefix>/<run_id>/) holds, per run id and generation G of that id,
+//   /ctorchrun/<run_id>/generation             the generation in use
+//   /ctorchrun/<run_id>/g<G>/rdzv/...          the rendezvous
+//                                              (rendezvous/c10d_state.h: rounds,
+//                                              presence, the left tally, closing)
+//   /ctorchrun/<run_id>/g<G>/r<round>/<key>    the keys below, for that round
 // and the workers use a store of their own that group rank 0 hosts each round
 // (it erases their keys between attempts). The "store host" below is then
 // the agent that hosts the endpoint's store (group rank 0 when a standalone
@@ -40,7 +44,11 @@
 //                          lists the nodes that said they left. The others read
 //                          this one key: O(1) store requests per node and
 //                          interval, O(N) on the host alone.
-//   gone/<n>               set by node n when it leaves for good (any outcome)
+//   gone/<n>               set by node n when it leaves for good (any outcome).
+//                          Elastic jobs: a node that leaves on purpose (a
+//                          signal while its workers run) first enrols in its
+//                          round's left tally, which every member reads, so
+//                          that the round re-forms whoever publishes liveness
 //
 // One attempt k (k = 0 .. max_restarts), on every node:
 //   1. start the local workers (TORCHELASTIC_RESTART_COUNT=k);
