@@ -493,16 +493,12 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     presence_->set(presence_key_, std::to_string(::getpid()));
   }
   auto presence = presence_;
-  info.withdraw = [presence, key = presence_key_,
-                   record = C10dState::round_key(
-                       round.generation, round.round,
-                       "node/" + round.slots.at(static_cast<size_t>(round.group_rank)))] {
-    if (!presence || key.empty()) return;
+  info.withdraw = [presence, round] {
+    if (!presence) return;
     try {
       // Deleted on purpose: no gone marker, so nobody takes this node for
       // lost.
-      presence->delete_key(key);
-      presence->delete_key(record);
+      C10dRoundWatch::withdraw(*presence, round);
     } catch (const Error&) {
       // The store is gone: nobody is left to mistake this node for lost.
     }
@@ -632,9 +628,15 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     return call([&](C10dRoundWatch& w) { return w.reform(change); });
   };
   C10dState* state = state_.get();
-  info.mark_finishing = [state, withdraw = info.withdraw](int attempt) {
+  info.mark_finishing = [state, presence, round](int attempt) {
     const bool finishing = state->mark_finishing(attempt);
-    withdraw();
+    if (presence) {
+      try {
+        C10dRoundWatch::finish(*presence, round);
+      } catch (const Error&) {
+        // The store is gone: nobody is left to mistake this node for lost.
+      }
+    }
     return finishing;
   };
   const bool hosts_endpoint = server_ != nullptr;

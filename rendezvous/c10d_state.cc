@@ -516,9 +516,15 @@ void C10dState::watch_running_round() {
       return true;
     }
     const size_t i = static_cast<size_t>(g);
-    return i < running_slots_.size() && !running_slots_[i].empty() &&
-           job_.check({round_key(generation_, round_ - 1, "node/" + running_slots_[i]) +
-                       store::protocol::kGoneSuffix});
+    if (i < running_slots_.size() && !running_slots_[i].empty() &&
+        job_.check({round_key(generation_, round_ - 1, "node/" + running_slots_[i]) +
+                    store::protocol::kGoneSuffix})) {
+      return true;
+    }
+    // A member whose workers finished withdrew its presence: its done key
+    // still goes with it.
+    return job_.check(
+        {C10dRoundWatch::done_key(generation_, round_ - 1, g) + store::protocol::kGoneSuffix});
   };
   const int g = next_watched_++ % running_members();
   if (!gone(g)) return;
@@ -584,6 +590,25 @@ MembershipChange C10dRoundWatch::parse(const std::string& raw) const {
 
 MembershipChange C10dRoundWatch::reform(const MembershipChange& change) {
   return parse(job_.compare_set(key(round_, "reform"), "", reform_record(change)));
+}
+
+std::string C10dRoundWatch::done_key(int generation, int round, int group_rank) {
+  return C10dState::round_key(generation, round, "done/" + std::to_string(group_rank));
+}
+
+void C10dRoundWatch::withdraw(store::Store& presence, const C10dRound& round) {
+  const auto g = static_cast<size_t>(round.group_rank);
+  CTORCHRUN_CHECK(round.group_rank >= 0 && g < round.slots.size(),
+                  "C10dRoundWatch::withdraw() by a node outside the round");
+  presence.delete_key(present_key(round.generation, round.round, round.group_rank));
+  presence.delete_key(
+      C10dState::round_key(round.generation, round.round, "node/" + round.slots[g]));
+  presence.delete_key(done_key(round.generation, round.round, round.group_rank));
+}
+
+void C10dRoundWatch::finish(store::Store& presence, const C10dRound& round) {
+  withdraw(presence, round);
+  presence.set(done_key(round.generation, round.round, round.group_rank), "1");
 }
 
 std::string C10dRoundWatch::left_key(int generation, int round) {

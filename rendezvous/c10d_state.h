@@ -46,6 +46,8 @@
 //                        admission re-forms the round) or "finishing" (a
 //                        member's workers succeeded: no admission in attempt k,
 //                        re-forming would redo work); whichever comes first
+//     done/<g>           member g's workers succeeded (bound to its agent,
+//                        set as it withdraws its presence/<g>)
 //     left               tally of the group ranks of R's members that left
 //                        on purpose (C10dRoundWatch::leave); entries that are
 //                        no group rank of R are ignored
@@ -79,8 +81,8 @@
 //       (so at most one admission per last call), and it takes the attempt's
 //       gate before any member's workers finish;
 //     - every member gone: a node waiting in R+1 finds every member lost
-//       (its presence's or its record's gone marker) or left (the left
-//       tally); it looks at one per poll and re-forms R itself;
+//       (its presence's, its record's or its done key's gone marker) or left
+//       (the left tally); it looks at one per poll and re-forms R itself;
 //     - leave: a member is in R's left tally (every member reads it each
 //       check, so a leave is seen whoever watches whom);
 //     - loss: a member's presence key vanished with its agent (the next member
@@ -303,6 +305,18 @@ class C10dRoundWatch {
   // the agent leaves. Each member watches the next one's (g+1 mod N): one
   // request per check, whatever N.
   static std::string present_key(int generation, int round, int group_rank);
+
+  // "g<G>/rdzv/<R>/done/<g>": member g's workers of the running attempt
+  // succeeded. Set on its presence connection (bound, like its presence) as
+  // it withdraws its presence, so that its exit is no loss to the members,
+  // while its death before the job closes still leaves a gone marker for the
+  // nodes waiting for the round (C10dState counts that member gone).
+  static std::string done_key(int generation, int round, int group_rank);
+  // This member's keys in `round` deleted on purpose (no gone marker):
+  // presence, record and done key, on its presence connection.
+  static void withdraw(store::Store& presence, const C10dRound& round);
+  // This member's workers succeeded: withdraw, then the done key.
+  static void finish(store::Store& presence, const C10dRound& round);
 
   // "g<G>/rdzv/<R>/left": a tally of the group ranks of round R's members
   // that left it on purpose (a signal, Ctrl-C, a scheduler's preemption).

@@ -563,10 +563,9 @@ class Sim {
     for (Agent* a : members) {
       try {
         finishing = a->state->mark_finishing(a->attempt) && finishing;
-        a->presence->delete_key(a->presence_key);
-        a->presence->delete_key(
-            C10dState::round_key(r.generation, r.round,
-                                 "node/" + r.slots.at(static_cast<size_t>(a->round->group_rank))));
+        // As C10dHandler's mark_finishing: presence and record withdrawn,
+        // the done key held.
+        C10dRoundWatch::finish(*a->presence, *a->round);
       } catch (const Error& e) {
         event(a->name() + " could not mark the attempt finishing: " + e.what());
         end_job_at_ = now_ + 2'000;
@@ -590,7 +589,10 @@ class Sim {
     ++ended;
     event("the workers of round " + std::to_string(r.round) + " succeed: the job ends (" +
           std::to_string(waiting) + " nodes waiting)");
-    for (Agent* a : members) end_agent(*a, "finishes");
+    for (Agent* a : members) {
+      C10dRoundWatch::withdraw(*a->presence, *a->round);  // the agent leaves on purpose
+      end_agent(*a, "finishes");
+    }
   }
 
   void worker_failure(Agent& a) {
@@ -646,15 +648,12 @@ class Sim {
   void leave(Agent& a) {
     ++leaves;
     disturbed();
-    // C10dHandler's withdraw: presence and record deleted on purpose, no
-    // gone marker; the agent then exits.
+    // C10dHandler's depart: the group rank in the round's left tally, then
+    // presence and record deleted on purpose (no gone marker); the agent
+    // then exits.
     const auto& r = *a.round;
-    a.presence->delete_key(a.presence_key);
-    a.presence->delete_key(C10dState::round_key(
-        r.generation, r.round, "node/" + r.slots.at(static_cast<size_t>(r.group_rank))));
-    // As the planned leave() records it: the group rank in the round's tally.
-    store_->tally_add(C10dState::round_key(r.generation, r.round, "left"),
-                      std::to_string(r.group_rank));
+    C10dRoundWatch::leave(*store_, r.generation, r.round, r.group_rank);
+    C10dRoundWatch::withdraw(*a.presence, r);
     left_[{r.generation, r.round}].push_back(r.group_rank);
     end_agent(a, "leaves on purpose (group rank " + std::to_string(r.group_rank) + " of round " +
                      std::to_string(r.round) + ")");
@@ -1043,4 +1042,60 @@ TEST_CASE("c10d simulation: a round whose every member left on purpose gives way
   auto r = poll_for(b, clock, milliseconds(30'000));
   REQUIRE(r);
   CHECK(r->round == 1);
+}
+
+TEST_CASE(
+    "c10d simulation: a member killed after its workers finished, whose partner left, gives way "
+    "to a waiting node",
+    "[sim]") {
+  // Found at 20000 seeds (seed 9894): a member that marks its attempt
+  // finishing withdraws its presence, so that its exit is no loss; killed
+  // before the job closed, it left no gone marker, the other member left on
+  // purpose, and the waiting nodes waited for a job nobody would close. Its
+  // done key now goes with it.
+  auto store = std::make_shared<store::HashStore>();
+  ManualClock clock;
+  ScriptedNode a(store, 0, nnodes(1, 2), clock), b(store, 1, nnodes(1, 2), clock),
+      w(store, 2, nnodes(1, 2), clock);
+  a.state->join();
+  b.state->join();
+  a.round = a.state->poll();
+  b.round = b.state->poll();
+  REQUIRE(a.round);
+  REQUIRE(b.round);
+  a.hold_presence();
+  b.hold_presence();
+  w.state->join();
+  REQUIRE(w.state->waiting());
+  REQUIRE(a.state->mark_finishing(0));
+  C10dRoundWatch::finish(*a.presence, *a.round);
+  a.presence->kill();
+  C10dRoundWatch::leave(*b.job, 0, b.round->round, b.round->group_rank);
+  C10dRoundWatch::withdraw(*b.presence, *b.round);
+  b.presence->kill();
+  auto r = poll_for(w, clock, milliseconds(10'000));
+  REQUIRE(r);
+  CHECK(r->round == 1);
+  CHECK(r->slots == std::vector<std::string>{w.state->slot()});
+}
+
+TEST_CASE(
+    "c10d simulation: a member whose workers finished leaves without a gone marker when it "
+    "exits on purpose",
+    "[sim]") {
+  auto store = std::make_shared<store::HashStore>();
+  ManualClock clock;
+  ScriptedNode a(store, 0, nnodes(1, 1), clock);
+  a.state->join();
+  a.round = a.state->poll();
+  REQUIRE(a.round);
+  a.hold_presence();
+  C10dRoundWatch::finish(*a.presence, *a.round);
+  const std::string done = C10dRoundWatch::done_key(0, a.round->round, 0);
+  CHECK(store->check({done}));
+  CHECK_FALSE(store->check({C10dRoundWatch::present_key(0, a.round->round, 0)}));
+  C10dRoundWatch::withdraw(*a.presence, *a.round);
+  a.presence->kill();
+  CHECK_FALSE(store->check({done}));
+  CHECK_FALSE(store->check({done + "#gone"}));
 }
