@@ -348,7 +348,10 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     p.role = c_.role;
     p.master_addr = info_.master_addr;
     p.master_port = info_.master_port;
-    p.restart_count = attempt;
+    // Re-formations restart the workers too: their count is the round.
+    p.restart_count = attempt + info_.round;
+    p.failed_restarts = attempt;
+    p.round = info_.round;
     p.max_restarts = c_.max_restarts;
     p.run_id = c_.run_id;
     p.error_file = dir + "/error.json";

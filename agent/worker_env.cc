@@ -20,6 +20,8 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   env["MASTER_PORT"] = std::to_string(p.master_port);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(p.restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(p.max_restarts);
+  env["CTORCHRUN_FAILED_RESTARTS"] = std::to_string(p.failed_restarts);
+  env["CTORCHRUN_ROUND"] = std::to_string(p.round);
   env["TORCHELASTIC_RUN_ID"] = p.run_id;
   env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   env["TORCHELASTIC_ERROR_FILE"] = p.error_file;

@@ -18,7 +18,15 @@ struct WorkerPlacement {
   std::string role = "default";
   std::string master_addr;
   int master_port = 0;
+  // TORCHELASTIC_RESTART_COUNT: every restart of the job's worker group,
+  // failures and re-formations alike (as torchrun 2.x counts a membership
+  // change), so it can exceed max_restarts: failed_restarts + round.
   int restart_count = 0;
+  // CTORCHRUN_FAILED_RESTARTS: the restarts charged to --max_restarts (worker
+  // failures, job-wide), and CTORCHRUN_ROUND: the elastic round (each
+  // re-formation is one; 0 for the static backend).
+  int failed_restarts = 0;
+  int round = 0;
   int max_restarts = 0;
   std::string run_id = "none";
   std::string error_file;

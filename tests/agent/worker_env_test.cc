@@ -21,6 +21,8 @@ TEST_CASE("worker env: torchrun's variables, formatted as torchrun formats them"
   p.master_addr = "10.0.0.1";
   p.master_port = 29500;
   p.restart_count = 2;
+  p.failed_restarts = 1;
+  p.round = 1;
   p.max_restarts = 3;
   p.run_id = "job";
   p.error_file = "/logs/job_x/attempt_2/1/error.json";
@@ -39,6 +41,8 @@ TEST_CASE("worker env: torchrun's variables, formatted as torchrun formats them"
   CHECK(env.at("MASTER_PORT") == "29500");
   CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "2");
   CHECK(env.at("TORCHELASTIC_MAX_RESTARTS") == "3");
+  CHECK(env.at("CTORCHRUN_FAILED_RESTARTS") == "1");
+  CHECK(env.at("CTORCHRUN_ROUND") == "1");
   CHECK(env.at("TORCHELASTIC_RUN_ID") == "job");
   CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   CHECK(env.at("TORCHELASTIC_ERROR_FILE") == p.error_file);

@@ -117,7 +117,7 @@ struct Agent {
 };
 
 // The job's workers: one per node, each appending "WORLD_SIZE GROUP_RANK
-// RESTART_COUNT" to seen_<NODE_NAME> when it starts and its pid to
+// CTORCHRUN_FAILED_RESTARTS" to seen_<NODE_NAME> when it starts and its pid to
 // pid_<NODE_NAME>, then running until the stop file exists or the directory
 // is gone (at most 60 s).
 struct Job {
@@ -127,7 +127,7 @@ struct Job {
   std::string port = std::to_string(free_port());
 
   std::string body() const {
-    return "echo \"$WORLD_SIZE $GROUP_RANK $TORCHELASTIC_RESTART_COUNT\" >> " + d.path +
+    return "echo \"$WORLD_SIZE $GROUP_RANK $CTORCHRUN_FAILED_RESTARTS\" >> " + d.path +
            "/seen_$NODE_NAME; echo $$ > " + d.path + "/pid_$NODE_NAME; i=0; while [ -d " + d.path +
            " ] && [ ! -e " + d.path + "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
   }
@@ -157,7 +157,7 @@ struct Job {
     for (std::string line; std::getline(in, line);) lines.push_back(line);
     return lines;
   }
-  // The world sizes and restart counts of seen_<name>: "3/0 2/0 ...".
+  // The world sizes and charged restarts of seen_<name>: "3/0 2/0 ...".
   std::string worlds(const std::string& name) const {
     std::string s;
     for (const auto& line : seen(name)) {

@@ -169,6 +169,6 @@ TEST_CASE(
   std::string out = a->read_all(1s);
   INFO(out);
   CHECK(rca == 0);
-  CHECK(contains(out, "GROWN rank=0 world=1 sum=1 restart=0"));
+  CHECK(contains(out, "GROWN rank=0 world=1 sum=1 restart=0 count=1"));
   CHECK(contains(out, "lost node 1 (agent exited)"));
 }

@@ -343,14 +343,16 @@ TEST_CASE(
   const std::string port = std::to_string(free_port());
   // Attempt 0 at world 1 fails once (restart 1 of 1 used); after that a
   // world of 1 waits for the newcomer, and a world of 2 finishes.
-  const std::string body = "echo \"$WORLD_SIZE $RANK $TORCHELASTIC_RESTART_COUNT\" >> " + d.path +
-                           "/seen_$GROUP_RANK; "
-                           "if [ \"$WORLD_SIZE\" = 2 ]; then exit 0; fi; "
-                           "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exit 1; fi; "
-                           "echo x > " +
-                           d.path +
-                           "/waiting; "
-                           "i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; exit 9";
+  const std::string body =
+      "echo \"$WORLD_SIZE $RANK $CTORCHRUN_FAILED_RESTARTS $TORCHELASTIC_RESTART_COUNT\" >> " +
+      d.path +
+      "/seen_$GROUP_RANK; "
+      "if [ \"$WORLD_SIZE\" = 2 ]; then exit 0; fi; "
+      "if [ \"$CTORCHRUN_FAILED_RESTARTS\" = 0 ]; then exit 1; fi; "
+      "echo x > " +
+      d.path +
+      "/waiting; "
+      "i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; exit 9";
   auto agent = [&](const std::string& name) {
     return start_ctorchrun(
         concat({"--nnodes=1:2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
@@ -367,9 +369,10 @@ TEST_CASE(
   INFO(outa + "\n----\n" + outb);
   CHECK(rca == 0);
   CHECK(rcb == 0);
-  // Both ranks of the grown world ran with the job's restart count, 1.
-  CHECK(read_file(d.file("seen_0")) == "1 0 0\n1 0 1\n2 0 1\n");
-  CHECK(read_file(d.file("seen_1")) == "2 1 1\n");
+  // Both ranks of the grown world ran with the job's charged restarts, 1;
+  // TORCHELASTIC_RESTART_COUNT counts the admission's re-formation too.
+  CHECK(read_file(d.file("seen_0")) == "1 0 0 0\n1 0 1 1\n2 0 1 2\n");
+  CHECK(read_file(d.file("seen_1")) == "2 1 1 2\n");
   CHECK(contains(outb, "waiting to be admitted"));
   CHECK(contains(outa, "round 0 gives way to the next: admitting 1 waiting node"));
   const std::string events = read_file(d.file("events_a"));
@@ -462,6 +465,6 @@ TEST_CASE(
   INFO(out);
   CHECK(rca == 0);
   CHECK(rcb == 0);
-  CHECK(contains(out, "GROWN rank=0 world=2 sum=2 restart=0"));
-  CHECK(contains(out, "GROWN rank=1 world=2 sum=2 restart=0"));
+  CHECK(contains(out, "GROWN rank=0 world=2 sum=2 restart=0 count=1"));
+  CHECK(contains(out, "GROWN rank=1 world=2 sum=2 restart=0 count=1"));
 }

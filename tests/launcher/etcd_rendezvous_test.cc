@@ -51,7 +51,7 @@ struct EtcdJob {
         concat({"--nnodes=" + nnodes, "--rdzv_backend=etcd-v3",
                 "--rdzv_endpoint=" + join(etcd.client_endpoints()), "--rdzv_id=" + id,
                 "--max_restarts=0", "--rdzv_conf=" + conf},
-               sh("echo \"$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $GROUP_RANK\" >> " + d.path +
+               sh("echo \"$WORLD_SIZE $CTORCHRUN_FAILED_RESTARTS $GROUP_RANK\" >> " + d.path +
                   "/seen_" + name + "; i=0; while [ ! -e " + d.path +
                   "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done")));
   }
@@ -534,7 +534,7 @@ TEST_CASE(
   const int resumed = std::stoi(out.substr(at + 13));
   CHECK(resumed >= at_loss - 1);
   CHECK(resumed >= 5);
-  CHECK(contains(out.substr(at), "world=1 rank=0 restart=0"));
+  CHECK(contains(out.substr(at), "world=1 rank=0 restart=0 count=1"));
   CHECK(contains(out, "FINISHED steps=80 world=1 rank=0"));
 }
 

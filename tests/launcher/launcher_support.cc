@@ -160,7 +160,7 @@ bool wait_for_lines(const std::string& path, size_t n, std::chrono::milliseconds
 
 std::vector<std::string> recording_worker(const std::string& record_file,
                                           const std::string& stop_file) {
-  return sh("echo \"$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT\" >> " + record_file +
+  return sh("echo \"$WORLD_SIZE $CTORCHRUN_FAILED_RESTARTS\" >> " + record_file +
             "; i=0; while [ ! -e " + stop_file +
             " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done");
 }

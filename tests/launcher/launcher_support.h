@@ -60,7 +60,8 @@ std::vector<std::string> lines_of(const std::string& path);
 // Waits until the file at `path` has at least `n` lines.
 bool wait_for_lines(const std::string& path, size_t n, std::chrono::milliseconds timeout);
 
-// A shell worker for elastic tests: appends "<WORLD_SIZE> <restart count>" to
+// A shell worker for elastic tests: appends "<WORLD_SIZE> <restarts charged>"
+// (CTORCHRUN_FAILED_RESTARTS: re-formations are not charged) to
 // `record_file`, then runs until `stop_file` exists (at most 60 s).
 std::vector<std::string> recording_worker(const std::string& record_file,
                                           const std::string& stop_file);

@@ -141,6 +141,11 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
     CHECK(a.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
     a.erase(test_torch_version() < std::pair{2, 0} ? "TORCH_NCCL_ASYNC_ERROR_HANDLING"
                                                    : "NCCL_ASYNC_ERROR_HANDLING");
+    // Ours, documented in the README: which restarts were failures.
+    CHECK(a.at("CTORCHRUN_FAILED_RESTARTS") == "0");
+    CHECK(a.at("CTORCHRUN_ROUND") == "0");
+    a.erase("CTORCHRUN_FAILED_RESTARTS");
+    a.erase("CTORCHRUN_ROUND");
     for (const auto& [k, v] : b) {
       INFO("variable " << k);
       REQUIRE(a.count(k));

@@ -4,7 +4,7 @@
 // while a node waits in the exit barrier. Under c10d with the endpoint's
 // agent, c10d on a standalone ctorch-store (no agent hosts the store: group
 // rank 0 publishes liveness), and etcd-v3 on a three-member cluster. Shell
-// workers append "<WORLD_SIZE> <restart count> <GROUP_RANK>" to a file per
+// workers append "<WORLD_SIZE> <restarts charged> <GROUP_RANK>" to a file per
 // agent and run until the test's stop file exists.
 
 #include <signal.h>
@@ -86,8 +86,8 @@ struct Job {
       args.push_back(a);
     }
     return start_ctorchrun(
-        concat(args, sh("echo \"$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $GROUP_RANK\" >> " +
-                        d.path + "/seen_" + name + "; " + body)));
+        concat(args, sh("echo \"$WORLD_SIZE $CTORCHRUN_FAILED_RESTARTS $GROUP_RANK\" >> " + d.path +
+                        "/seen_" + name + "; " + body)));
   }
   std::string seen(const std::string& name) const { return d.file("seen_" + name); }
   void stop() const { std::ofstream(d.file("stop")).close(); }
@@ -286,4 +286,34 @@ TEST_CASE(
   CHECK(codes[0] == 0);
   CHECK(codes[1] == 0);
   CHECK(contains(out, "Coming back under a new lease"));
+}
+
+TEST_CASE(
+    "membership: TORCHELASTIC_RESTART_COUNT counts a re-formation as torchrun 2.x does, while "
+    "CTORCHRUN_FAILED_RESTARTS counts only the restarts charged",
+    "[multiproc]") {
+  Job job(Backend::kEndpointAgent);
+  job.nnodes = "1:2";
+  job.conf =
+      "join_timeout=30,last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2,"
+      "read_timeout=5";
+  const std::string counts =
+      "echo \"$TORCHELASTIC_RESTART_COUNT $CTORCHRUN_FAILED_RESTARTS $CTORCHRUN_ROUND\" >> " +
+      job.d.path + "/counts_$GROUP_RANK; i=0; while [ ! -e " + job.d.path +
+      "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+  auto a = job.agent("a", counts);
+  job.first_agent_up();
+  auto b = job.agent("b", counts);
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  REQUIRE(job.group_rank("a") == 0);
+  b->signal_group(SIGKILL);
+  REQUIRE(wait_for_lines(job.seen("a"), 2, 20s));
+  job.stop();
+  auto [codes, out] = ended({a.get()});
+  INFO(out);
+  CHECK(codes[0] == 0);
+  // Round 0 at count 0; round 1 after the loss: one restart of the workers,
+  // none charged.
+  CHECK(read_file(job.d.file("counts_0")) == "0 0 0\n1 0 1\n");
 }

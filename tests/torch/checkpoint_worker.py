@@ -2,7 +2,8 @@
 # one gloo all_reduce per step (every 0.1 s); after each step rank 0 writes
 # the step reached to $CKPT (a temporary file renamed over it). It starts
 # from the checkpoint's step (rank 0 reads it and broadcasts it, so every
-# rank agrees), prints "RESUMED from=<k> world=<n> rank=<r> restart=<c>",
+# rank agrees), prints "RESUMED from=<k> world=<n> rank=<r> restart=<c>
+# count=<t>" (c the restarts charged, t TORCHELASTIC_RESTART_COUNT),
 # and at $TOTAL_STEPS prints "FINISHED steps=<total> world=<n> rank=<r>" and
 # exits 0. A sum that is not the world size exits 4; 120 s without finishing
 # exits 3.
@@ -29,7 +30,8 @@ if rank == 0:
 dist.broadcast(start, 0)
 first = int(start.item())
 print(f"RESUMED from={first} world={world} rank={rank} "
-      f"restart={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
+      f"restart={os.environ['CTORCHRUN_FAILED_RESTARTS']} "
+      f"count={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
 x = torch.ones(1)
 deadline = time.time() + 120
 for step in range(first + 1, total + 1):

@@ -3,7 +3,9 @@
 # (ELASTIC_TARGET_WORLD) it all-reduces every 0.1 s until the launcher stops it
 # (a re-formation) or a peer vanishes (the all-reduce fails), and gives up
 # with exit 3 after 60 s. At that size it does five all-reduces, prints
-# "GROWN rank=<r> world=<n> sum=<s> restart=<k>" and exits 0.
+# "GROWN rank=<r> world=<n> sum=<s> restart=<k> count=<c>" and exits 0: k the
+# restarts charged (CTORCHRUN_FAILED_RESTARTS), c TORCHELASTIC_RESTART_COUNT
+# (re-formations too).
 import datetime
 import os
 import sys
@@ -26,4 +28,5 @@ if world != target:
 for _ in range(5):
     dist.all_reduce(x.fill_(1.0))
 print(f"GROWN rank={rank} world={world} sum={int(x.item())} "
-      f"restart={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
+      f"restart={os.environ['CTORCHRUN_FAILED_RESTARTS']} "
+      f"count={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
