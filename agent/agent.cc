@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <optional>
 #include <random>
@@ -24,6 +25,7 @@
 #include "rendezvous/c10d_handler.h"
 #include "rendezvous/static_handler.h"
 #include "worker/console.h"
+#include "worker/torch_probe.h"
 
 namespace ctorchrun::agent {
 
@@ -278,6 +280,11 @@ class ElasticAgent::Impl {
   // The agents' store failed after this node's workers succeeded: the
   // leaving steps that need it are skipped.
   bool store_failed_ = false;
+  // The torch version of the workers' Python, learned while the rendezvous
+  // runs (worker/torch_probe.h) and read once, before the first workers
+  // start; unknown with --no_python or when the probe fails.
+  std::future<std::optional<std::string>> torch_probe_;
+  std::optional<std::pair<int, int>> torch_version_;
 };
 
 void ElasticAgent::Impl::on_signal(int sig) {
@@ -331,6 +338,12 @@ void ElasticAgent::Impl::make_run_dir() {
 }
 
 std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
+  if (torch_probe_.valid()) {
+    // Bounded by the probe's own timeout; usually done long before.
+    const std::optional<std::string> version = torch_probe_.get();
+    if (version) torch_version_ = worker::major_minor(*version);
+    log_->debug("the workers' python ({}) has torch {}", c_.python, version.value_or("unknown"));
+  }
   std::vector<worker::WorkerSpec> specs;
   const int nproc = c_.nproc_per_node;
   for (int lr = 0; lr < nproc; ++lr) {
@@ -355,6 +368,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     p.max_restarts = c_.max_restarts;
     p.run_id = c_.run_id;
     p.error_file = dir + "/error.json";
+    p.torch_version = torch_version_;
 
     worker::WorkerSpec s;
     s.local_rank = lr;
@@ -1107,6 +1121,13 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
 
 RunResult ElasticAgent::Impl::run() {
   host_ = c_.local_addr.empty() ? hostname() : c_.local_addr;
+  if (!c_.python.empty()) {
+    // Which NCCL variable the workers' torch reads: learned while the
+    // rendezvous runs, so that it costs a job no time.
+    torch_probe_ = std::async(std::launch::async, [python = c_.python, env = c_.environment] {
+      return worker::installed_torch_version(python, env, std::chrono::seconds(5));
+    });
+  }
   if (c_.rdzv_backend == "c10d") {
     log_->info(
         "starting rdzv_backend=c10d rdzv_endpoint={}:{} nnodes={}:{} nproc_per_node={} run_id={} "

@@ -74,6 +74,9 @@ struct LaunchConfig {
   // What each worker runs: the full argv (interpreter and flags included);
   // "${local_rank}" in an argument is replaced per worker, as torchrun does.
   std::vector<std::string> entrypoint;
+  // The interpreter entrypoint[0] names when the script runs under Python;
+  // empty with --no_python.
+  std::string python;
   std::string role = "default";
   // Name shown in the failure summary: the script, module or binary.
   std::string entrypoint_name;

@@ -25,7 +25,9 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
   env["TORCHELASTIC_RUN_ID"] = p.run_id;
   env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   env["TORCHELASTIC_ERROR_FILE"] = p.error_file;
-  env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (!p.torch_version || *p.torch_version < std::pair{2, 2}) {
+    env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
+  }
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   return env;
 }

@@ -3,7 +3,9 @@
 // The environment torchrun gives each worker, built from the agent's own.
 
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ctorchrun::agent {
@@ -30,12 +32,18 @@ struct WorkerPlacement {
   int max_restarts = 0;
   std::string run_id = "none";
   std::string error_file;
+  // {major, minor} of the torch the workers' Python imports, when known
+  // (worker/torch_probe.h); unknown for --no_python.
+  std::optional<std::pair<int, int>> torch_version;
 };
 
 // `base` plus torchrun's variables, formatted as torchrun formats them
-// (decimal integers, "True" for TORCHELASTIC_USE_AGENT_STORE). Both
-// NCCL_ASYNC_ERROR_HANDLING (torch 1.13) and TORCH_NCCL_ASYNC_ERROR_HANDLING
-// (torch 2.x) are set to "1" unless the agent's environment sets them.
+// (decimal integers, "True" for TORCHELASTIC_USE_AGENT_STORE), and ours
+// (CTORCHRUN_FAILED_RESTARTS, CTORCHRUN_ROUND). TORCH_NCCL_ASYNC_ERROR_HANDLING
+// is "1", and so is NCCL_ASYNC_ERROR_HANDLING, the name torch read before 2.2
+// (2.2 deprecated it and warns on every NCCL rank that sees it), unless the
+// workers' torch is known to be 2.2 or later; a value in `base` (the user's)
+// is kept as it is.
 std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
                                                     const WorkerPlacement& p);
 

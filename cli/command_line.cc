@@ -336,8 +336,9 @@ the workers when unset and nproc_per_node > 1).
 Workers get torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,
-TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_ERROR_FILE, NCCL_ASYNC_ERROR_HANDLING,
-TORCH_NCCL_ASYNC_ERROR_HANDLING. TORCHELASTIC_RESTART_COUNT counts every restart of
+TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_ERROR_FILE, TORCH_NCCL_ASYNC_ERROR_HANDLING,
+and NCCL_ASYNC_ERROR_HANDLING when the workers' torch is older than 2.2 or unknown
+(--no_python). TORCHELASTIC_RESTART_COUNT counts every restart of
 the workers, failures and elastic re-formations alike, so it can exceed
 TORCHELASTIC_MAX_RESTARTS; ours tell them apart: CTORCHRUN_FAILED_RESTARTS (charged
 to --max_restarts) and CTORCHRUN_ROUND (the elastic round); the count is their sum.
@@ -742,6 +743,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       std::string python =
           getenv_or(env, "CTORCHRUN_PYTHON", getenv_or(env, "PYTHON_EXEC", "python3"));
       c.entrypoint = {python, "-u"};
+      c.python = python;
       if (module) c.entrypoint.push_back("-m");
       c.entrypoint.insert(c.entrypoint.end(), rest.begin(), rest.end());
     }

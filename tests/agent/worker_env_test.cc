@@ -5,6 +5,9 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "agent/failure_summary.h"
 
@@ -48,6 +51,30 @@ TEST_CASE("worker env: torchrun's variables, formatted as torchrun formats them"
   CHECK(env.at("TORCHELASTIC_ERROR_FILE") == p.error_file);
   CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");  // the user's value stays
   CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+}
+
+TEST_CASE(
+    "worker env: NCCL_ASYNC_ERROR_HANDLING goes only to workers whose torch is older than 2.2 "
+    "or unknown, the user's value stays",
+    "[unit]") {
+  WorkerPlacement p;
+  for (auto [version, old_name] :
+       std::vector<std::pair<std::optional<std::pair<int, int>>, bool>>{{std::nullopt, true},
+                                                                        {std::pair{1, 13}, true},
+                                                                        {std::pair{2, 1}, true},
+                                                                        {std::pair{2, 2}, false},
+                                                                        {std::pair{2, 6}, false},
+                                                                        {std::pair{3, 0}, false}}) {
+    p.torch_version = version;
+    auto env = build_worker_env({}, p);
+    INFO((version ? std::to_string(version->first) + "." + std::to_string(version->second)
+                  : std::string("unknown")));
+    CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+    CHECK(env.count("NCCL_ASYNC_ERROR_HANDLING") == (old_name ? 1u : 0u));
+  }
+  p.torch_version = std::pair{2, 6};
+  auto env = build_worker_env({{"NCCL_ASYNC_ERROR_HANDLING", "0"}}, p);
+  CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
 }
 
 TEST_CASE("worker env: global ranks follow the local world sizes of lower nodes", "[unit]") {

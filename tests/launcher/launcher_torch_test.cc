@@ -135,8 +135,9 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
       a.erase(k);
       b.erase(k);
     }
-    // ctorchrun cannot know the workers' torch, so it sets both names of this
-    // variable (README): torchrun 1.13 sets only NCCL_..., 2.x only TORCH_NCCL_...
+    // A --no_python worker's torch is unknown: ctorchrun sets both names of
+    // this variable (README); torchrun 1.13 sets only NCCL_..., 2.x only
+    // TORCH_NCCL_... (a Python script's case is the next test's).
     CHECK(a.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
     CHECK(a.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
     a.erase(test_torch_version() < std::pair{2, 0} ? "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -156,6 +157,34 @@ TEST_CASE("ctorchrun: workers get exactly torchrun's environment", "[torch]") {
       CHECK(b.count(k));
     }
   }
+}
+
+TEST_CASE(
+    "ctorchrun: a Python script's workers get NCCL_ASYNC_ERROR_HANDLING only when their torch "
+    "is older than 2.2, as torchrun of that torch sets it",
+    "[torch]") {
+  TempDir d;
+  const std::string script = d.file("env.py");
+  std::ofstream(script)
+      << "import os\n"
+         "names = ['NCCL_ASYNC_ERROR_HANDLING', 'TORCH_NCCL_ASYNC_ERROR_HANDLING']\n"
+         "print(' '.join(n + '=' + os.environ.get(n, '-') for n in names))\n";
+  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=1", script},
+                         {{"CTORCHRUN_PYTHON", test_python()}});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  if (test_torch_version() < std::pair{2, 2}) {
+    CHECK(r.output.find("NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1") !=
+          std::string::npos);
+  } else {
+    CHECK(r.output.find("NCCL_ASYNC_ERROR_HANDLING=- TORCH_NCCL_ASYNC_ERROR_HANDLING=1") !=
+          std::string::npos);
+  }
+  // The user's value passes untouched.
+  auto mine =
+      run_ctorchrun({"--standalone", "--nproc_per_node=1", script},
+                    {{"CTORCHRUN_PYTHON", test_python()}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  CHECK(mine.output.find("NCCL_ASYNC_ERROR_HANDLING=0 ") != std::string::npos);
 }
 
 TEST_CASE("ctorchrun: restarted torch workers read none of the previous attempt's keys",
