@@ -216,7 +216,8 @@ class ElasticAgent::Impl {
   // Waits for `key` on the main store, bounded by the liveness of the job and
   // a deadline; the error names the nodes missing from `set_key` (if given).
   void await_nodes(const std::string& key, const std::string& set_key, const char* what);
-  // The node ranks listed in `key` ("0,3,"); ProtocolError when unreadable.
+  // The node ranks enrolled in the tally `key` (each once); ProtocolError
+  // when an entry is no node of the round.
   std::vector<int> node_set(const std::string& key);
   // Adds this node to the set at `key`; true when the set is then complete.
   bool join_set(const std::string& key);
@@ -516,29 +517,24 @@ void ElasticAgent::Impl::check_job_alive(const char* what) {
 
 std::vector<int> ElasticAgent::Impl::node_set(const std::string& key) {
   std::vector<int> out;
-  if (!info_.store->check({key})) return out;
-  std::string raw = info_.store->get(key);
-  size_t at = 0;
-  while (at < raw.size()) {
-    size_t comma = raw.find(',', at);
-    if (comma == std::string::npos) comma = raw.size();
-    std::string item = raw.substr(at, comma - at);
+  for (const std::string& item : info_.store->tally_entries(key)) {
     int n = -1;
     if (!item.empty() && item.size() < 10 &&
         std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       n = std::stoi(item);
     }
     if (n < 0 || n >= info_.group_world_size) {
-      throw ProtocolError("unreadable record at key '" + key + "': '" + raw.substr(0, 200) + "'");
+      throw ProtocolError("unreadable record at key '" + key + "': '" + item.substr(0, 200) + "'");
     }
     if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
-    at = comma + 1;
   }
   return out;
 }
 
 bool ElasticAgent::Impl::join_set(const std::string& key) {
-  info_.store->append(key, std::to_string(info_.group_rank) + ",");
+  // A tally, so that an enrolment whose answer was lost is recovered, not
+  // retried blindly (store/store.h); a node listed twice counts once.
+  info_.store->tally_add(key, std::to_string(info_.group_rank));
   return node_set(key).size() == static_cast<size_t>(info_.group_world_size);
 }
 

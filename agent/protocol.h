@@ -57,7 +57,7 @@
 //      cause); every node's monitor waits on that key and wakes its agent;
 //      a dead or departed node, or the store lost, ends a static job (exit 3);
 //   3a. all local workers succeeded -> the exit barrier:
-//        attempt/<k>/finished  APPEND "<n>," by each node whose workers
+//        attempt/<k>/finished  tally (store/store.h) of "<n>", by each node whose workers
 //                              succeeded; the node whose read-back lists all N
 //                              sets attempt/<k>/all_done (one request a second
 //                              tells a waiting node who still runs workers)
@@ -67,7 +67,7 @@
 //       only a wait for nodes whose liveness is unknown. The store host then
 //       waits for gone/<n> of every live node: it leaves last.
 //   3b. a failure anywhere -> every node stops its workers, then:
-//        attempt/<k>/stopped   APPEND "<n>," once node n's workers are stopped;
+//        attempt/<k>/stopped   tally of "<n>" once node n's workers are stopped;
 //                              the node that completes the list sets
 //                              attempt/<k>/all_stopped
 //        attempt/<k>/clean     set by the store host once it erased the

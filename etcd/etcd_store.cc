@@ -336,6 +336,10 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   const std::string k = prefix_ + key;
   const std::string ctx = "etcd add on '" + printable(k) + "'";
   std::optional<KeyValue> current = client_->get(k);
+  // Adding 0 to a missing key writes nothing (torch's store creates it with
+  // "0"): a read that leaves no key behind, and nothing to recover after a
+  // lost answer.
+  if (!current && delta == 0) return 0;
   for (int attempt = 1; attempt <= kMaxAttempts; ++attempt) {
     int64_t old = 0;
     if (current) {
@@ -391,12 +395,34 @@ int64_t EtcdStore::tally_add(const std::string& key, const std::string& entry) {
   const json range = {
       {"request_range",
        {{"key", b64(dir)}, {"range_end", b64(detail::prefix_end(dir))}, {"count_only", true}}}};
-  const json body = txn_body(
-      json::array(), json::array({op_put(dir + tally_token(), entry, 0), range}), json::array());
-  // Not replayed: a replay after a lost answer would be given a later place.
-  const json resp = core_->call("/v3/kv/txn", body, false);
-  const std::int64_t place =
-      detail::int_field(response_at(resp, 1, "response_range", ctx), "count", ctx);
+  const std::string mine = dir + tally_token();
+  const json body =
+      txn_body(json::array(), json::array({op_put(mine, entry, 0), range}), json::array());
+  std::int64_t place = 0;
+  try {
+    // Not replayed as it is: a replay after a lost answer would be given a
+    // later place.
+    const json resp = core_->call("/v3/kv/txn", body, false);
+    place = detail::int_field(response_at(resp, 1, "response_range", ctx), "count", ctx);
+  } catch (const IoError&) {
+    // The answer was lost (a member died mid-request, a leader change): the
+    // enrolment may or may not have been applied. Its key is this
+    // enrolment's own, so the outcome is recovered, not guessed: enrol it
+    // if it is absent (a transaction any member may replay), then its place
+    // is the number of the tally's keys created up to its creation.
+    const json ensure = txn_body(json::array({cmp_absent(mine)}),
+                                 json::array({op_put(mine, entry, 0)}), json::array());
+    core_->call("/v3/kv/txn", ensure, true);
+    const auto kv = client_->get(mine);
+    if (!kv) throw ProtocolError(ctx + ": the enrolment " + printable(mine) + " vanished");
+    const json resp = core_->call("/v3/kv/range",
+                                  {{"key", b64(dir)},
+                                   {"range_end", b64(detail::prefix_end(dir))},
+                                   {"count_only", true},
+                                   {"max_create_revision", std::to_string(kv->create_revision)}},
+                                  true);
+    place = detail::int_field(resp, "count", ctx);
+  }
   if (place < 1)
     throw ProtocolError(ctx + ": the count after an enrolment is " + std::to_string(place));
   return place;

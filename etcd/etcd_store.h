@@ -42,11 +42,18 @@
 //    at most kMaxAttempts rounds each (TimeoutError past that: too many
 //    concurrent writers of one key). Neither is replayed on another member
 //    after an ambiguous failure (IoError instead), so neither applies twice.
-//    add(key, 0) on a key holding a number is one read.
+//    add(key, 0) on a key holding a number is one read, and on a missing key
+//    writes nothing and returns 0 (a deviation from torch's store, which
+//    creates the key with "0": a poll of a counter leaves no key behind).
 //  - tallies (store/store.h) never contend: tally_add() puts a key of its
 //    own, key#tally/<token> (the entry as its value, no lease), and counts
 //    the tally's keys in the same transaction, one round trip; etcd
-//    serialises transactions, so the count is the enrolment's place.
+//    serialises transactions, so the count is the enrolment's place. It is
+//    recoverable: when that answer is lost (IoError after sending), the
+//    enrolment is made if absent (a compare-and-put any member may replay)
+//    and its place read back as the count of the tally's keys created up to
+//    its key's creation revision, so it is counted once and given its
+//    place, whether or not the first request applied.
 //    tally_count() counts those keys, tally_entries() reads them. Many
 //    writers cost one transaction each, where an add() on one key costs
 //    O(writers) retries each.

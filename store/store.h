@@ -18,6 +18,23 @@
 // Errors: TimeoutError when a deadline passes (the message names the keys and
 // the timeout); IoError when the connection to a remote store fails; Error
 // when the server refuses an operation (add() on a non-numeric value).
+//
+// Retry contract: what a caller may do when a call's answer was lost (an
+// IoError after the request went out: the write may or may not have been
+// applied). Implementations that fail over between servers (EtcdStore)
+// replay the idempotent ones themselves.
+//  - idempotent, replay freely: every read (get, check, wait, multi_get,
+//    num_keys, tally_count, tally_entries), set, multi_set, add(key, 0)
+//    (a read; EtcdStore writes nothing to a missing key), delete_key (a
+//    replay may return false), and compare_set (a replay of a swap that
+//    applied finds the key holding `desired` and returns it: the same
+//    outcome);
+//  - recoverable: tally_add on EtcdStore (it reads back its own enrolment's
+//    key and place, see etcd/etcd_store.h); portable tallies (TCP, hash) are
+//    ambiguous, but their server's loss is the whole store's;
+//  - ambiguous, never replayed: add(key, delta != 0) and append (a replay
+//    counts or appends twice). The agents' main path uses none of them on a
+//    store that fails over: its counters and sets are tallies.
 
 #include <chrono>
 #include <cstdint>

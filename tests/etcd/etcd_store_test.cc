@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "tests/store/store_suite.h"
+#include "tests/support/dropping_proxy.h"
 #include "tests/support/etcd_server.h"
 
 namespace ctorchrun::etcd {
@@ -516,6 +517,39 @@ TEST_CASE("EtcdStore: with three members, calls and a blocked wait survive a mem
   CHECK(writer->add("n", 5) == 5);
   CHECK(writer->compare_set("n", "5", "6") == "6");
   CHECK(waiter->num_keys() == 3);
+}
+
+TEST_CASE(
+    "EtcdStore: a tally enrolment whose answer was lost after etcd applied it is recovered, "
+    "counted once at its place",
+    "[multiproc]") {
+  EtcdCluster cluster(1);
+  const std::string member = cluster.client_endpoint(0);
+  testing::DroppingProxy proxy(
+      "127.0.0.1", static_cast<std::uint16_t>(std::stoi(member.substr(member.rfind(':') + 1))));
+  auto direct = store_of(cluster, "/ctorchrun/lost/");
+  EtcdStore through(std::make_shared<EtcdClient>(std::vector<std::string>{proxy.endpoint()}, 3s),
+                    "/ctorchrun/lost/");
+  CHECK(direct->tally_add("t", "a") == 1);
+  proxy.drop_answer_to({"POST /v3/kv/txn", "request_put", "count_only"});
+  CHECK(through.tally_add("t", "b") == 2);
+  CHECK(proxy.dropped() == 1);
+  CHECK(direct->tally_count("t") == 2);
+  auto entries = direct->tally_entries("t");
+  std::sort(entries.begin(), entries.end());
+  CHECK(entries == std::vector<std::string>{"a", "b"});
+  CHECK(direct->tally_add("t", "c") == 3);
+  CHECK(through.tally_add("t", "d") == 4);
+}
+
+TEST_CASE("EtcdStore: add(key, 0) on a missing key returns 0 and writes nothing", "[multiproc]") {
+  EtcdCluster cluster(1);
+  auto s = store_of(cluster, "/ctorchrun/add0/");
+  CHECK(s->add("counter", 0) == 0);
+  CHECK_FALSE(s->check({"counter"}));
+  CHECK(s->num_keys() == 0);
+  CHECK(s->add("counter", 2) == 2);
+  CHECK(s->add("counter", 0) == 2);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "tests/launcher/launcher_support.h"
+#include "tests/support/dropping_proxy.h"
 #include "tests/support/etcd_server.h"
 #include "tests/support/process.h"
 
@@ -316,4 +317,34 @@ TEST_CASE(
   // Round 0 at count 0; round 1 after the loss: one restart of the workers,
   // none charged.
   CHECK(read_file(job.d.file("counts_0")) == "0 0 0\n1 0 1\n");
+}
+
+TEST_CASE(
+    "membership: an etcd answer lost after the write applied costs a node nothing, its "
+    "enrolment recovered",
+    "[multiproc]") {
+  Job job(Backend::kEtcd);
+  job.nnodes = "2:2";
+  const std::string member = job.etcd->client_endpoint(0);
+  DroppingProxy proxy("127.0.0.1",
+                      static_cast<std::uint16_t>(std::stoi(member.substr(member.rfind(':') + 1))));
+  // Node a reaches etcd through the proxy alone; its first tally enrolment
+  // (entering round 0) reaches etcd, and the answer is lost.
+  proxy.drop_answer_to({"POST /v3/kv/txn", "request_put", "count_only"});
+  auto a = start_ctorchrun(
+      concat({"--nnodes=2:2", "--rdzv_backend=etcd-v3", "--rdzv_endpoint=" + proxy.endpoint(),
+              "--rdzv_id=" + job.id, "--max_restarts=0", "--rdzv_conf=" + job.conf},
+             sh("echo \"$WORLD_SIZE $CTORCHRUN_FAILED_RESTARTS $GROUP_RANK\" >> " + job.seen("a") +
+                "; i=0; while [ ! -e " + job.d.path + "/stop ] && [ $i -lt 600 ]; do sleep 0.1; " +
+                "i=$((i+1)); done")));
+  auto b = job.agent("b");
+  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
+  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  CHECK(proxy.dropped() == 1);
+  CHECK(job.last("a").substr(0, 4) == "2 0 ");
+  job.stop();
+  auto [codes, out] = ended({a.get(), b.get()});
+  INFO(out);
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
 }
