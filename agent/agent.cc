@@ -959,6 +959,9 @@ void ElasticAgent::Impl::give_way(rendezvous::MembershipChange change) {
   }
   events_.emit("round_gives_way", attempt_,
                {{"round", info_.round}, {"reason", change.reason}, {"lost", change.lost}});
+  // The next round waits for this node up to its grace, not only its last
+  // call.
+  if (info_.stopping) info_.stopping(c_.shutdown_timeout);
   stop_workers(SIGTERM, attempt_);
   if (int sig = pending_signal_) throw JobEnd{128 + sig, "stopped by " + signal_name(sig)};
   change_.reset();

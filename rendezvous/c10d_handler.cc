@@ -504,6 +504,14 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     }
   };
 
+  info.stopping = [target = presence ? presence : job_, round](milliseconds grace) {
+    try {
+      C10dRoundWatch::announce_stopping(*target, round, grace);
+    } catch (const Error& e) {
+      get_logger("rdzv")->debug("could not announce stopping the workers: {}", e.what());
+    }
+  };
+
   info.depart = [open = open_background_, prefix = job_prefix_, g = round.generation,
                  r = round.round, rank = round.group_rank, withdraw = info.withdraw] {
     try {

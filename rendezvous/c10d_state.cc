@@ -190,12 +190,15 @@ void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector
     // comes as a newcomer, after them.
     enter_as_newcomer(previous.round + 1, attempt, true);
     expected_back_ = expected;
+    expected_list_ = expected_ranks(size, lost);
     running_slots_ = previous.slots;
     return;
   }
   round_ = previous.round + 1;
   slot_ = "m" + std::to_string(previous.group_rank);
   expected_back_ = expected;
+  expected_list_ = expected_ranks(size, lost);
+  last_call_wait_ = timing_.last_call_timeout;
   open_ = true;
   running_slots_ = previous.slots;
   min_seen_ = false;
@@ -205,17 +208,23 @@ void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector
 }
 
 int C10dState::expected_members(int size, const std::vector<int>& lost) {
-  int lost_members = 0;
+  return static_cast<int>(expected_ranks(size, lost).size());
+}
+
+std::vector<int> C10dState::expected_ranks(int size, const std::vector<int>& lost) {
+  std::vector<int> out;
   for (int g = 0; g < size; ++g) {
-    if (std::find(lost.begin(), lost.end(), g) != lost.end()) ++lost_members;
+    if (std::find(lost.begin(), lost.end(), g) == lost.end()) out.push_back(g);
   }
-  return size - lost_members;
+  return out;
 }
 
 void C10dState::enter_as_newcomer(int round, int attempt, bool open) {
   round_ = round;
   attempt_ = attempt;
   expected_back_ = 0;
+  expected_list_.clear();
+  last_call_wait_ = timing_.last_call_timeout;
   min_seen_ = false;
   last_call_since_.reset();
   claim_seen_at_.reset();
@@ -450,6 +459,7 @@ std::optional<C10dRound> C10dState::poll() {
     auto m = j.find("members");
     int size = m != j.end() && m->is_array() ? static_cast<int>(m->size()) : 0;
     expected_back_ = expected_members(size, lost);
+    expected_list_ = expected_ranks(size, lost);
     open_ = true;
   }
   const int count = static_cast<int>(job_.tally_count(key("entered")));
@@ -461,15 +471,44 @@ std::optional<C10dRound> C10dState::poll() {
     try_complete();
   } else if (count >= settings_.min_nodes) {
     if (!last_call_since_) last_call_since_ = now_();
-    if (now_() - *last_call_since_ >= timing_.last_call_timeout) try_complete();
+    const auto waited = now_() - *last_call_since_;
+    if (waited >= timing_.last_call_timeout) {
+      // Members still stopping their workers are waited for (bounded by
+      // their announced grace); the rest of the last call is unchanged.
+      last_call_wait_ = expected_back_ > 0 ? std::max(timing_.last_call_timeout, stopping_wait())
+                                           : timing_.last_call_timeout;
+      if (waited >= last_call_wait_) try_complete();
+    }
   }
   if (job_.check({key("complete")})) return poll();
   return std::nullopt;
 }
 
+std::chrono::milliseconds C10dState::stopping_wait() {
+  std::vector<std::string> back;
+  const std::string entered = key("entered");
+  if (job_.tally_count(entered) > 0) back = job_.tally_entries(entered);
+  std::chrono::milliseconds longest{0};
+  for (int g : expected_list_) {
+    if (std::find(back.begin(), back.end(), "m" + std::to_string(g)) != back.end()) continue;
+    const auto v =
+        store::read_if_present(job_, C10dRoundWatch::stopping_key(generation_, round_ - 1, g));
+    if (!v) continue;
+    // Written by a peer: a number of ms within a year, or it is ignored.
+    if (v->empty() || v->size() > 11 ||
+        !std::all_of(v->begin(), v->end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const auto ms = std::chrono::milliseconds(std::stoll(*v));
+    if (ms > std::chrono::hours(24 * 365)) continue;
+    longest = std::max(longest, ms + kStoppingMargin);
+  }
+  return longest;
+}
+
 std::chrono::milliseconds C10dState::until_last_call() const {
   if (!last_call_since_) return std::chrono::milliseconds::max();
-  auto left = timing_.last_call_timeout -
+  auto left = std::max(last_call_wait_, timing_.last_call_timeout) -
               std::chrono::duration_cast<std::chrono::milliseconds>(now_() - *last_call_since_);
   return std::max(left, std::chrono::milliseconds(0));
 }
@@ -590,6 +629,16 @@ MembershipChange C10dRoundWatch::parse(const std::string& raw) const {
 
 MembershipChange C10dRoundWatch::reform(const MembershipChange& change) {
   return parse(job_.compare_set(key(round_, "reform"), "", reform_record(change)));
+}
+
+std::string C10dRoundWatch::stopping_key(int generation, int round, int group_rank) {
+  return C10dState::round_key(generation, round, "stopping/" + std::to_string(group_rank));
+}
+
+void C10dRoundWatch::announce_stopping(store::Store& presence, const C10dRound& round,
+                                       std::chrono::milliseconds grace) {
+  presence.set(stopping_key(round.generation, round.round, round.group_rank),
+               std::to_string(std::max<int64_t>(grace.count(), 0)));
 }
 
 std::string C10dRoundWatch::done_key(int generation, int round, int group_rank) {

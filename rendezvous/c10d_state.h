@@ -46,6 +46,10 @@
 //                        admission re-forms the round) or "finishing" (a
 //                        member's workers succeeded: no admission in attempt k,
 //                        re-forming would redo work); whichever comes first
+//     stopping/<g>       member g of R, giving way, stops its workers within
+//                        this many ms (its --shutdown_timeout; bound to its
+//                        agent): round R+1 waits for it that long plus
+//                        kStoppingMargin instead of only last_call_timeout
 //     done/<g>           member g's workers succeeded (bound to its agent,
 //                        set as it withdraws its presence/<g>)
 //     left               tally of the group ranks of R's members that left
@@ -65,7 +69,11 @@
 //     - every member of R-1 not listed as lost has come back and count >= MIN
 //       (the last of them completes it: no last call after a re-formation),
 //     - count >= MIN and last_call_timeout has passed on a node's own steady
-//       clock since it saw rdzv/<R>/min.
+//       clock since it saw rdzv/<R>/min; after a re-formation, while a member
+//       of R-1 expected back has not entered and announced it is stopping
+//       its workers (stopping/<g> of R-1), its grace plus kStoppingMargin
+//       instead when that is longer, so that a member that needs its whole
+//       --shutdown_timeout is not left out.
 //     Completing = compare_set(claim) then compare_set(complete); a claim
 //     not followed by a roster within claim_timeout is overridden. The
 //     roster holds only the entrants whose records exist at that moment (one
@@ -157,6 +165,10 @@ class JobClosedError : public RendezvousClosedError {
   bool was_member_;
 };
 
+// Added to a member's announced grace: the time from its workers' stop to
+// its entry in the next round.
+inline constexpr std::chrono::milliseconds kStoppingMargin{5'000};
+
 struct C10dTiming {
   std::chrono::milliseconds last_call_timeout{30'000};
   // How long after closing an arriving node is refused (join_timeout).
@@ -204,6 +216,8 @@ class C10dState {
   // True while it waits and the running round has MAX nodes.
   bool spare() const { return !open_ && running_members() >= settings_.max_nodes; }
   // How long until this node's last call ends (max() when none runs).
+  // After a re-formation it may last longer than last_call_timeout: see
+  // stopping/<g> above.
   std::chrono::milliseconds until_last_call() const;
 
   // Marks the job ended (first caller's outcome wins); later arrivals are
@@ -236,6 +250,7 @@ class C10dState {
   void enter_as_newcomer(int round, int attempt, bool open);
   // Members of a round of `size` that are not in `lost`.
   static int expected_members(int size, const std::vector<int>& lost);
+  static std::vector<int> expected_ranks(int size, const std::vector<int>& lost);
   // A waiting node: re-forms the running round when all its members are gone.
   void watch_running_round();
   void enter(const std::string& slot, int attempt);
@@ -243,6 +258,9 @@ class C10dState {
   // Claims and builds round_'s roster, unless another node holds a fresh claim.
   void try_complete();
   C10dRound read_roster(const std::string& raw);
+  // The longest announced grace (plus kStoppingMargin) of the members of
+  // round_-1 expected back that have not entered yet; 0 when none.
+  std::chrono::milliseconds stopping_wait();
   // The value of each key that exists now (nullopt for one that does not),
   // without waiting on any: the records of entrants that may have died.
   std::vector<std::optional<std::string>> present_records(const std::vector<std::string>& keys);
@@ -259,7 +277,11 @@ class C10dState {
   int generation_ = 0;
   int round_ = -1;
   std::string slot_;
-  int expected_back_ = 0;  // members of round_-1 expected to come back (0: a newcomer)
+  int expected_back_ = 0;           // members of round_-1 expected to come back (0: a newcomer)
+  std::vector<int> expected_list_;  // their group ranks in round_-1
+  // The last call's length now: last_call_timeout, or more while expected
+  // members stop their workers.
+  std::chrono::milliseconds last_call_wait_{0};
   bool open_ = false;
   // The slots of the running round round_-1's members, by group rank, when
   // known ("" for one unreadable).
@@ -312,6 +334,13 @@ class C10dRoundWatch {
   // while its death before the job closes still leaves a gone marker for the
   // nodes waiting for the round (C10dState counts that member gone).
   static std::string done_key(int generation, int round, int group_rank);
+  // "g<G>/rdzv/<R>/stopping/<g>": see the keys above.
+  static std::string stopping_key(int generation, int round, int group_rank);
+  // This member of `round`, which gives way, stops its workers within
+  // `grace`: one set on its presence connection (so that the key goes with
+  // it if it dies meanwhile).
+  static void announce_stopping(store::Store& presence, const C10dRound& round,
+                                std::chrono::milliseconds grace);
   // This member's keys in `round` deleted on purpose (no gone marker):
   // presence, record and done key, on its presence connection.
   static void withdraw(store::Store& presence, const C10dRound& round);

@@ -78,6 +78,11 @@ struct RendezvousInfo {
   // gone), then withdraw. Bounded by a few seconds; a store that does not
   // answer is left alone. Empty for the static backend.
   std::function<void()> depart;
+  // This member, whose round gives way, is about to stop its workers, which
+  // takes up to `grace` (--shutdown_timeout): the next round waits for it
+  // that long (plus a margin) rather than only last_call_timeout. Never
+  // throws; empty for the static backend.
+  std::function<void(std::chrono::milliseconds grace)> stopping;
   // Where the agents' store is ("host:port"), for messages; empty: master_addr.
   std::string store_endpoint;
   // How long the agents' store may not answer before the job ends; unset:

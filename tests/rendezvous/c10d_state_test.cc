@@ -839,3 +839,55 @@ TEST_CASE(
   const std::string reform = hs.get("g0/rdzv/0/reform");
   CHECK_THAT(reform, Catch::Contains("agent left"));
 }
+
+TEST_CASE(
+    "C10dState: after a re-formation the round waits for a member that announced it is "
+    "stopping its workers, up to its grace plus a margin, instead of last_call_timeout",
+    "[unit]") {
+  store::HashStore hs;
+  hs.set_timeout(100ms);
+  ManualClock clock;
+  std::vector<std::unique_ptr<Node>> n;
+  for (const char* h : {"a", "b", "c"}) {
+    n.push_back(std::make_unique<Node>(hs, clock, settings(1, 3), h, 5s));
+    n.back()->state.join();
+  }
+  std::vector<C10dRound> r;
+  for (auto& x : n) r.push_back(*x->state.poll());
+  REQUIRE(r[0].nodes.size() == 3);
+  C10dRoundWatch w0(hs, settings(1, 3), r[0], 5s, clock.fn());
+  auto change = w0.reform({"node 2 lost", {2}, "heartbeat timeout"});
+  n[0]->state.rejoin(r[0], 0, change.lost);
+  CHECK_FALSE(n[0]->state.poll().has_value());
+
+  SECTION("it announced 60 s and comes back after 40 s: it is in the round") {
+    C10dRoundWatch::announce_stopping(hs, r[1], 60s);
+    clock.advance(5s);
+    CHECK_FALSE(n[0]->state.poll().has_value());
+    CHECK(n[0]->state.until_last_call() > 50s);
+    clock.advance(35s);
+    CHECK_FALSE(n[0]->state.poll().has_value());
+    n[1]->state.rejoin(r[1], 0, change.lost);
+    auto ra = n[0]->state.poll();
+    REQUIRE(ra.has_value());
+    REQUIRE(ra->nodes.size() == 2);
+    CHECK(ra->nodes[1].host == "b");
+  }
+  SECTION("it announced 10 s and never comes: the round forms after 10 s plus the margin") {
+    C10dRoundWatch::announce_stopping(hs, r[1], 10s);
+    clock.advance(5s);
+    CHECK_FALSE(n[0]->state.poll().has_value());
+    clock.advance(10s + rendezvous::kStoppingMargin - 5s - 1ms);
+    CHECK_FALSE(n[0]->state.poll().has_value());
+    clock.advance(1ms);
+    auto ra = n[0]->state.poll();
+    REQUIRE(ra.has_value());
+    CHECK(ra->nodes.size() == 1);
+  }
+  SECTION("it announced nothing (or its key vanished with it): last_call_timeout as before") {
+    clock.advance(5s);
+    auto ra = n[0]->state.poll();
+    REQUIRE(ra.has_value());
+    CHECK(ra->nodes.size() == 1);
+  }
+}
