@@ -1111,8 +1111,20 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
                     std::to_string(root.pid) + ") failed with " + root.cause() +
                     (here ? "" : " (summary on that node)") +
                     (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
-  if (info_.close) info_.close("failed");
-  leave();
+  try {
+    if (info_.close) info_.close("failed");
+    leave();
+    // As after a success: the store host leaves last and then tidies what
+    // the job kept in a store that outlives it (etcd), all but the closed
+    // marker.
+    leave_last();
+    if (info_.tidy && info_.store_host.value_or(false)) info_.tidy();
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error& e) {
+    log_->warn("could not tell the other nodes that this one leaves ({}: {})", agents_store(),
+               e.what());
+  }
   RunResult r = finish(kFailed, msg);
   if (here) r.failures = out.local.empty() ? std::vector<FailureRecord>{root} : out.local;
   return r;

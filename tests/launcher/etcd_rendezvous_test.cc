@@ -214,6 +214,34 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "etcd-v3: a job whose restarts ran out leaves only the closed marker in etcd, which "
+    "refuses the id at once",
+    "[multiproc]") {
+  EtcdCluster etcd(1);
+  EtcdJob job(etcd);
+  job.nnodes = "2:2";
+  std::vector<std::unique_ptr<Process>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(start_ctorchrun(
+        concat({"--nnodes=2:2", "--rdzv_backend=etcd-v3",
+                "--rdzv_endpoint=" + join(etcd.client_endpoints()), "--rdzv_id=" + job.id,
+                "--max_restarts=0", "--rdzv_conf=" + job.conf},
+               sh("if [ $GROUP_RANK = 1 ]; then exit 5; fi; sleep 30"))));
+  }
+  auto [codes, out] = EtcdJob::ended(agents, 60s);
+  INFO(out);
+  CHECK(codes == std::vector<int>{1, 1});
+  etcd::EtcdClient client(etcd.client_endpoints(), 5s);
+  auto left = client.range_prefix("/ctorchrun/" + job.id + "/");
+  std::string keys;
+  for (const auto& kv : left.kvs) keys += kv.key + " ";
+  INFO(keys);
+  REQUIRE(left.kvs.size() == 1);
+  CHECK(left.kvs[0].key == "/ctorchrun/" + job.id + "/g0/rdzv/closed");
+  CHECK(left.kvs[0].lease != 0);
+}
+
+TEST_CASE(
     "etcd-v3: the closed marker of a finished etcd job expires after join_timeout, "
     "leaving the prefix empty",
     "[multiproc]") {
