@@ -1229,7 +1229,8 @@ void ElasticAgent::on_signal(int sig) { impl_->on_signal(sig); }
 RunResult run(const LaunchConfig& config) {
   std::unique_ptr<EventLog> events;
   try {
-    events = std::make_unique<EventLog>(config.events_file, config.run_id, config.node_rank);
+    events = std::make_unique<EventLog>(config.events_file, config.run_id, config.node_rank,
+                                        config.events_to_console);
   } catch (const ConfigError& e) {
     return RunResult{kUsage, e.what(), {}, "", {}};
   }

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/console.h"
 
 namespace ctorchrun::agent {
 
@@ -21,24 +22,27 @@ std::string rfc3339_now() {
   return buf;
 }
 
-EventLog::EventLog(const std::string& path, std::string run_id, int node_rank)
-    : run_id_(std::move(run_id)), node_rank_(node_rank) {
+EventLog::EventLog(const std::string& path, std::string run_id, int node_rank, bool console)
+    : run_id_(std::move(run_id)), node_rank_(node_rank), to_console_(console) {
   if (path.empty()) return;
   out_.open(path, std::ios::app);
   if (!out_) throw ConfigError("--events_file: cannot open '" + path + "' for appending");
-  enabled_ = true;
+  to_file_ = true;
 }
 
 void EventLog::emit(const std::string& event, int attempt, nlohmann::json fields) {
-  if (!enabled_) return;
+  if (!to_file_ && !to_console_) return;
   nlohmann::json j = {{"time", rfc3339_now()},
                       {"event", event},
                       {"run_id", run_id_},
                       {"node_rank", node_rank_},
                       {"attempt", attempt}};
   for (auto& [k, v] : fields.items()) j[k] = v;
+  const std::string line = j.dump();
+  if (to_console_) worker::Console::write(2, line + "\n");
+  if (!to_file_) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  out_ << j.dump() << '\n';
+  out_ << line << '\n';
   out_.flush();
   if (!out_ && !failed_) {
     failed_ = true;

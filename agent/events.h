@@ -1,6 +1,7 @@
 #pragma once
 
-// --events_file: one JSON object per line for every lifecycle event, appended.
+// --events_file: one JSON object per line for every lifecycle event, appended
+// (and with --event_log_handler=console the same lines on stderr).
 //
 //   {"time": "2026-11-22T14:35:48.123Z", "event": "workers_started", "run_id": "none",
 //    "node_rank": 0, "attempt": 0, ...event fields}
@@ -18,8 +19,10 @@ namespace ctorchrun::agent {
 
 class EventLog {
  public:
-  // Empty path: events are dropped. Throws ConfigError if the file cannot be opened.
-  EventLog(const std::string& path, std::string run_id, int node_rank);
+  // Empty path and no console: events are dropped. `console`: each line is
+  // also queued on stderr (worker::Console). Throws ConfigError if the file
+  // cannot be opened.
+  EventLog(const std::string& path, std::string run_id, int node_rank, bool console = false);
 
   void emit(const std::string& event, int attempt,
             nlohmann::json fields = nlohmann::json::object());
@@ -29,7 +32,8 @@ class EventLog {
   std::ofstream out_;
   std::string run_id_;
   int node_rank_;
-  bool enabled_ = false;
+  bool to_file_ = false;
+  bool to_console_ = false;
   bool failed_ = false;
 };
 

@@ -90,6 +90,8 @@ struct LaunchConfig {
   std::optional<std::vector<int>>
       local_ranks_filter;  // ranks whose teed output reaches the console
   std::string events_file;
+  // --event_log_handler=console: every event record on stderr too.
+  bool events_to_console = false;
   // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE from the launcher's environment
   // (see log_line_prefix in agent/worker_env.h); empty: "[<role><local_rank>]:".
   std::string log_line_prefix_template;

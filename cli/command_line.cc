@@ -494,8 +494,10 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
                                     "this node's address as others should reach it");
   opt("--signals-to-handle,--signals_to_handle", signals, "PET_SIGNALS_TO_HANDLE",
       "signals forwarded to the workers before the launcher exits with 128+N");
-  opt("--event-log-handler,--event_log_handler", event_log_handler, "PET_EVENT_LOG_HANDLER",
-      "accepted for torchrun compatibility; see --events_file");
+  CLI::Option* event_log_handler_opt =
+      opt("--event-log-handler,--event_log_handler", event_log_handler, "PET_EVENT_LOG_HANDLER",
+          "null (default) or console: console prints every event record (the --events_file "
+          "lines) on stderr, one JSON object per line");
   CLI::Option* logs_specs_opt =
       opt("--logs-specs,--logs_specs", logs_specs, "PET_LOGS_SPECS",
           "'default' (torchrun's own log layout) is accepted; other names are torchrun's Python "
@@ -585,6 +587,11 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
                        "that ctorchrun cannot load; only 'default' is accepted");
     }
     if (!numa_binding.empty()) throw UsageError("--numa_binding is not supported yet");
+    if (event_log_handler != "null" && event_log_handler != "console") {
+      throw UsageError(source(event_log_handler_opt, "PET_EVENT_LOG_HANDLER") + "=" +
+                       event_log_handler + ": expected null or console (torchrun's choices)");
+    }
+    c.events_to_console = event_log_handler == "console";
 
     // Rendezvous.
     c.run_id = rdzv_id;

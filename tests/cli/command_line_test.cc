@@ -187,6 +187,25 @@ TEST_CASE("command line: --logs_specs default is accepted, a plugin name is exit
   CHECK(r.message.find('\n') == std::string::npos);
 }
 
+TEST_CASE(
+    "command line: --event_log_handler takes torchrun's null or console, anything else is exit 2",
+    "[unit]") {
+  auto console = [](const std::vector<std::string>& args) {
+    auto r = parse(args);
+    INFO(r.message);
+    REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+    return r.config.events_to_console;
+  };
+  CHECK_FALSE(console({"s.py"}));
+  CHECK_FALSE(console({"--event_log_handler=null", "s.py"}));
+  CHECK(console({"--event-log-handler", "console", "s.py"}));
+  auto r = parse({"s.py"}, {{"PET_EVENT_LOG_HANDLER", "console"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.events_to_console);
+  require_usage_error({"--event_log_handler=syslog", "s.py"},
+                      "--event_log_handler=syslog: expected null or console");
+}
+
 TEST_CASE("command line: a unique prefix of a long option before the script is that option",
           "[unit]") {
   auto r = parse({"--nproc-per=3", "--max-restart", "2", "--no-py", "--stan", "--rdzv_c=timeout=5",

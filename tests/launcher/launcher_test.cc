@@ -5,7 +5,9 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "tests/launcher/launcher_support.h"
@@ -131,6 +133,31 @@ TEST_CASE(
   CHECK(r.output.find("<w|0|0>out-0") != std::string::npos);
   CHECK(r.output.find("<w|1|1>out-1") != std::string::npos);
   CHECK(r.output.find("[w0]:") == std::string::npos);
+}
+
+TEST_CASE(
+    "ctorchrun: --event_log_handler=console prints every event record on stderr, one JSON line "
+    "each",
+    "[multiproc]") {
+  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--event_log_handler=console",
+                          "--no_python", "/bin/true"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  int events = 0;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("{\"", 0) != 0) continue;
+    auto j = nlohmann::json::parse(line);
+    CHECK(j.contains("time"));
+    CHECK(j.contains("event"));
+    ++events;
+  }
+  CHECK(count_lines_with(r.output, "\"event\":\"workers_started\"") == 1);
+  CHECK(count_lines_with(r.output, "\"event\":\"worker_exited\"") == 2);
+  CHECK(count_lines_with(r.output, "\"event\":\"finished\"") == 1);
+  CHECK(events >= 4);
+  auto quiet = run_ctorchrun({"--standalone", "--no_python", "/bin/true"});
+  CHECK(count_lines_with(quiet.output, "\"event\":") == 0);
 }
 
 TEST_CASE("ctorchrun: --log_dir keeps torchrun's layout, --redirects and --tee route output",
