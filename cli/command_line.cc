@@ -15,6 +15,7 @@
 #include "cli/rdzv_conf.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "rendezvous/endpoint.h"
 
 namespace ctorchrun::cli {
 
@@ -150,27 +151,14 @@ void resolve_etcd_tls(const std::string& endpoint_scheme, agent::LaunchConfig* c
   }
 }
 
-// "host:port", "[v6]:port" or "host" (port stays as given).
-void split_endpoint(const std::string& ep, std::string* host, int* port) {
-  if (ep.empty()) return;
-  if (ep[0] == '[') {
-    auto close = ep.find(']');
-    if (close == std::string::npos) throw UsageError("--rdzv_endpoint: '" + ep + "' lacks a ']'");
-    *host = ep.substr(1, close - 1);
-    if (close + 1 < ep.size()) {
-      if (ep[close + 1] != ':')
-        throw UsageError("--rdzv_endpoint: '" + ep + "' is not [HOST]:PORT");
-      *port = parse_int("--rdzv_endpoint port", ep.substr(close + 2), 1, 65535);
-    }
-    return;
+// An item of --rdzv_endpoint (rendezvous::parse_endpoint), `default_port`
+// when it names none.
+rendezvous::Endpoint endpoint_of(const std::string& ep, int default_port) {
+  try {
+    return rendezvous::parse_endpoint(ep, default_port);
+  } catch (const ConfigError& e) {
+    throw UsageError(std::string("--rdzv_endpoint: ") + e.what());
   }
-  auto colon = ep.rfind(':');
-  if (colon == std::string::npos) {
-    *host = ep;
-    return;
-  }
-  *host = ep.substr(0, colon);
-  *port = parse_int("--rdzv_endpoint port", ep.substr(colon + 1), 1, 65535);
 }
 
 std::string getenv_or(const std::map<std::string, std::string>& env, const std::string& k,
@@ -658,12 +646,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
           }
           scheme = this_scheme;
         }
-        std::string host;
-        int port = 2379;
-        split_endpoint(item, &host, &port);
-        if (host.empty()) throw UsageError("--rdzv_endpoint: '" + item + "' has no host");
-        const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
-        c.etcd_endpoints.push_back((v6 ? "[" + host + "]" : host) + ":" + std::to_string(port));
+        const rendezvous::Endpoint e = endpoint_of(item, 2379);
+        c.etcd_endpoints.push_back(rendezvous::format_endpoint(e.host, e.port));
       }
       if (c.etcd_endpoints.empty()) {
         throw UsageError("--rdzv_endpoint: '" + rdzv_endpoint + "' names no etcd member");
@@ -686,11 +670,10 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
         }
       }
       c.node_rank = 0;
-      c.master_addr.clear();
-      c.master_port = 29400;  // torchrun's default port of a c10d endpoint
-      split_endpoint(rdzv_endpoint, &c.master_addr, &c.master_port);
-      if (c.master_addr.empty())
-        throw UsageError("--rdzv_endpoint: '" + rdzv_endpoint + "' has no host");
+      // torchrun's default port of a c10d endpoint: 29400.
+      const rendezvous::Endpoint e = endpoint_of(rdzv_endpoint, 29400);
+      c.master_addr = e.host;
+      c.master_port = e.port;
     } else {
       if (c.rdzv_backend != "static") {
         throw UsageError("--rdzv_backend: unknown backend '" + c.rdzv_backend + "'");
@@ -700,7 +683,11 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
                          ": a range of nodes needs dynamic rendezvous: --rdzv_backend=c10d "
                          "--rdzv_endpoint=HOST[:PORT]");
       }
-      split_endpoint(rdzv_endpoint, &c.master_addr, &c.master_port);
+      if (!rdzv_endpoint.empty()) {
+        const rendezvous::Endpoint e = endpoint_of(rdzv_endpoint, c.master_port);
+        c.master_addr = e.host;
+        c.master_port = e.port;
+      }
       if (c.node_rank >= c.max_nodes) {
         throw UsageError("--node_rank=" + std::to_string(c.node_rank) +
                          " must be below --nnodes=" + std::to_string(c.max_nodes));

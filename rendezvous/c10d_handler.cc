@@ -389,10 +389,9 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   std::string addr = strip_brackets(options_.endpoint_host);
   int port = options_.endpoint_port;
   if (!options_.etcd_endpoints.empty()) {
-    const std::string& first = options_.etcd_endpoints.front();
-    const auto colon = first.rfind(':');
-    addr = strip_brackets(first.substr(0, colon));
-    port = std::stoi(first.substr(colon + 1));
+    const Endpoint first = parse_endpoint(options_.etcd_endpoints.front(), 2379);
+    addr = first.host;
+    port = first.port;
   }
   // The round's workers' store, on group rank 0.
   const std::string workers_key =

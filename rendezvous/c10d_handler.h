@@ -6,7 +6,7 @@
 // keys and transitions).
 //
 // The endpoint's store: with is_host unset, an agent whose host owns the
-// endpoint address (rendezvous/static_handler.h's bind_address_for) tries to
+// endpoint address (rendezvous/endpoint.h's bind_address_for) tries to
 // bind it; when another agent on this host already did, or the address is
 // not this host's, it connects as a client. is_host=1 makes a failed bind an
 // IoError; is_host=0 never binds. A standalone ctorch-store at the endpoint

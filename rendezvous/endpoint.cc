@@ -1,6 +1,13 @@
 #include "rendezvous/endpoint.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "common/deadline.h"
@@ -10,6 +17,125 @@ namespace ctorchrun::rendezvous {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+namespace {
+
+bool is_loopback(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    auto a = ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr);
+    return (a >> 24) == 127;
+  }
+  if (sa->sa_family == AF_INET6) {
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+  }
+  return false;
+}
+
+std::string numeric(const sockaddr* sa, socklen_t len) {
+  char host[NI_MAXHOST] = {};
+  if (getnameinfo(sa, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) return "?";
+  return host;
+}
+
+// True when this host can bind `sa` (port 0): the address is one of its own.
+bool is_local(const sockaddr* sa, socklen_t len) {
+  int fd = ::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_storage copy{};
+  std::memcpy(&copy, sa, len);
+  if (sa->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(&copy)->sin_port = 0;
+  if (sa->sa_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&copy)->sin6_port = 0;
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&copy), len) == 0;
+  ::close(fd);
+  return ok;
+}
+
+int port_of(const std::string& text, const std::string& digits) {
+  if (digits.empty() || digits.size() > 5 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    throw ConfigError("endpoint '" + text + "': '" + digits + "' is not a port (1-65535)");
+  }
+  const int port = std::stoi(digits);
+  if (port < 1 || port > 65535) {
+    throw ConfigError("endpoint '" + text + "': '" + digits + "' is not a port (1-65535)");
+  }
+  return port;
+}
+
+}  // namespace
+
+Endpoint parse_endpoint(const std::string& text, int default_port) {
+  Endpoint e;
+  e.port = default_port;
+  if (!text.empty() && text[0] == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos) throw ConfigError("endpoint '" + text + "' lacks a ']'");
+    e.host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') throw ConfigError("endpoint '" + text + "' is not [HOST]:PORT");
+      e.port = port_of(text, text.substr(close + 2));
+    }
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string::npos) {
+      e.host = text;
+    } else {
+      e.host = text.substr(0, colon);
+      e.port = port_of(text, text.substr(colon + 1));
+    }
+  }
+  if (e.host.empty()) throw ConfigError("endpoint '" + text + "' has no host");
+  return e;
+}
+
+std::string strip_brackets(const std::string& addr) {
+  if (addr.size() >= 2 && addr.front() == '[' && addr.back() == ']') {
+    return addr.substr(1, addr.size() - 2);
+  }
+  return addr;
+}
+
+std::string bind_address_for(const std::string& master_addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(master_addr.c_str(), nullptr, &hints, &res);
+  if (rc != 0) {
+    throw IoError("--master_addr '" + master_addr + "' does not resolve (" + gai_strerror(rc) +
+                  "); node 0 hosts the store there, so give an address or name of this host");
+  }
+  bool numeric_literal = false;
+  {
+    in6_addr a6{};
+    in_addr a4{};
+    numeric_literal = inet_pton(AF_INET, master_addr.c_str(), &a4) == 1 ||
+                      inet_pton(AF_INET6, master_addr.c_str(), &a6) == 1;
+  }
+  std::string found;
+  std::string tried;
+  for (addrinfo* ai = res; ai && found.empty(); ai = ai->ai_next) {
+    std::string text = numeric(ai->ai_addr, ai->ai_addrlen);
+    if (tried.find(text) == std::string::npos) tried += (tried.empty() ? "" : ", ") + text;
+    if (!is_local(ai->ai_addr, ai->ai_addrlen)) continue;
+    // A loopback literal, or "localhost", keeps the store on that loopback
+    // address. Anything else gets the wildcard of its family, as torch binds:
+    // a name of this host may resolve here to 127.0.1.1 (Debian) and
+    // elsewhere to the address the other nodes must reach.
+    if (is_loopback(ai->ai_addr) && (numeric_literal || master_addr == "localhost")) {
+      found = text;
+    } else {
+      found = ai->ai_family == AF_INET6 ? "::" : "0.0.0.0";
+    }
+  }
+  freeaddrinfo(res);
+  if (found.empty()) {
+    throw IoError("--master_addr '" + master_addr + "' (" + tried +
+                  ") is not an address of this host; node 0 hosts the store at master_addr, so "
+                  "start node 0 on the machine that has it");
+  }
+  return found;
+}
 
 std::string format_endpoint(const std::string& addr, int port) {
   return (addr.find(':') != std::string::npos ? "[" + addr + "]" : addr) + ":" +

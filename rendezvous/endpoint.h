@@ -12,8 +12,31 @@
 
 namespace ctorchrun::rendezvous {
 
+// An address as given: a host name or numeric address (an IPv6 literal
+// without its brackets) and a port.
+struct Endpoint {
+  std::string host;
+  int port = 0;
+};
+
+// Parses "host:port", "[v6]:port", "host" or "[v6]" (the port is then
+// `default_port`): the one reading of --rdzv_endpoint's items and of etcd
+// members. Throws ConfigError naming `text` for a missing ']', a port that is
+// not 1..65535, or an empty host.
+Endpoint parse_endpoint(const std::string& text, int default_port);
+
 // "host:port", or "[addr]:port" for an IPv6 literal given without brackets.
 std::string format_endpoint(const std::string& addr, int port);
+
+// An address without the brackets of an IPv6 literal ("[::1]" -> "::1").
+std::string strip_brackets(const std::string& addr);
+
+// Where a store binds so that it is reachable at `addr` (brackets already
+// removed): a loopback literal or "localhost" keeps it on that loopback
+// address, any other address of this host gets its family's wildcard (as
+// torch binds). Throws IoError naming the address when it does not resolve
+// or belongs to no interface of this host.
+std::string bind_address_for(const std::string& addr);
 
 // A client of the store at addr:port (addr without brackets).
 std::shared_ptr<store::TcpStore> tcp_client(const std::string& addr, int port,

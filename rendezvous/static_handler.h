@@ -50,14 +50,6 @@ struct StaticOptions {
   std::chrono::milliseconds wait_log_interval{30'000};  // "still waiting" lines
 };
 
-// master_addr without the brackets of an IPv6 literal ("[::1]" -> "::1").
-std::string strip_brackets(const std::string& addr);
-
-// Where node 0's store binds so that it is reachable at `master_addr`
-// (brackets already removed). Throws IoError naming the address when it does
-// not resolve or belongs to no interface of this host.
-std::string bind_address_for(const std::string& master_addr);
-
 class StaticHandler : public Handler {
  public:
   explicit StaticHandler(StaticOptions options);

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "rendezvous/endpoint.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
@@ -152,4 +153,31 @@ TEST_CASE("static rendezvous: node 0 binds where it is reachable at master_addr"
   CHECK((localhost.rfind("127.", 0) == 0 || localhost == "::1"));
   CHECK_THROWS_AS(rendezvous::bind_address_for("192.0.2.1"), IoError);  // TEST-NET-1
   CHECK_THROWS_AS(rendezvous::bind_address_for("no-such-host.invalid"), IoError);
+}
+
+TEST_CASE("endpoint: one parser for every spelling of HOST[:PORT], bad ones refused by name",
+          "[unit]") {
+  auto e = rendezvous::parse_endpoint("node1:29401", 29400);
+  CHECK(e.host == "node1");
+  CHECK(e.port == 29401);
+  e = rendezvous::parse_endpoint("node1", 29400);
+  CHECK(e.host == "node1");
+  CHECK(e.port == 29400);
+  e = rendezvous::parse_endpoint("[::1]:23", 29400);
+  CHECK(e.host == "::1");
+  CHECK(e.port == 23);
+  e = rendezvous::parse_endpoint("[fe80::1]", 2379);
+  CHECK(e.host == "fe80::1");
+  CHECK(e.port == 2379);
+  CHECK(rendezvous::format_endpoint("::1", 23) == "[::1]:23");
+  for (const char* bad : {"", ":29400", "[::1", "[::1]x", "[]:1", "h:", "h:0", "h:65536", "h:-1",
+                          "h:12a", "h:123456"}) {
+    INFO(bad);
+    try {
+      rendezvous::parse_endpoint(bad, 1);
+      FAIL("accepted");
+    } catch (const ConfigError& err) {
+      CHECK(std::string(err.what()).find(std::string("'") + bad + "'") != std::string::npos);
+    }
+  }
 }
