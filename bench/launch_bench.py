@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Launch and restart benchmark: ctorchrun against torchrun, same machine, same run.
 
-    /usr/bin/python3 bench/launch_bench.py [--runs N] [--nproc 4]
+    /usr/bin/python3 bench/launch_bench.py [--runs N] [--nproc 4] [--torchrun-python PY]
 
 1. launch: wall time of `LAUNCHER --nproc_per_node=4 --no_python /bin/true`,
    end to end (start of the command to its exit), N runs each, alternating.
@@ -11,7 +11,9 @@
 
 torchrun is Debian's /usr/bin/torchrun (torch 1.13) with the flags it needs on
 Python 3.11 (--redirects 9:1 --tee 9:1) and torch 2.x's default
---monitor_interval 0.1. Prints a markdown table of medians and ratios.
+--monitor_interval 0.1; with --torchrun-python PY it is `PY -m
+torch.distributed.run` (scripts/torch2/python: Debian 13's torch 2.6, from
+scripts/setup_torch2.sh). Prints a markdown table of medians and ratios.
 """
 import argparse
 import glob
@@ -36,11 +38,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launcher(name):
+def launcher(name, torchrun):
     port = str(free_port())
     if name == "ctorchrun":
         return [CTORCHRUN, "--master_port", port]
-    return TORCHRUN + ["--master_addr", "127.0.0.1", "--master_port", port]
+    return torchrun + ["--master_addr", "127.0.0.1", "--master_port", port]
 
 
 def run(cmd, timeout=120):
@@ -62,18 +64,26 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--torchrun-python", help="run torchrun as PY -m torch.distributed.run")
     a = ap.parse_args()
+    torchrun = TORCHRUN
+    if a.torchrun_python:
+        torchrun = [a.torchrun_python, "-m", "torch.distributed.run", "--redirects", "9:1",
+                    "--tee", "9:1", "--monitor_interval", "0.1"]
+    version = subprocess.run(torchrun[:1] + ["-c", "import importlib.metadata as m; "
+                                             "print(m.version('torch'))"],
+                             capture_output=True, text=True).stdout.strip()
     names = ["ctorchrun", "torchrun"]
     launch = {n: [] for n in names}
     restart = {n: [] for n in names}
     restart_job = {n: [] for n in names}
     for _ in range(a.runs):
         for n in names:
-            launch[n].append(run(launcher(n) + ["--nproc_per_node", str(a.nproc), "--no_python", "/bin/true"]))
+            launch[n].append(run(launcher(n, torchrun) + ["--nproc_per_node", str(a.nproc), "--no_python", "/bin/true"]))
     for _ in range(max(3, a.runs // 2)):
         for n in names:
             with tempfile.TemporaryDirectory() as d:
-                wall = run(launcher(n) + ["--nproc_per_node", str(a.nproc), "--max_restarts", "1",
+                wall = run(launcher(n, torchrun) + ["--nproc_per_node", str(a.nproc), "--max_restarts", "1",
                                           "--no_python", STAMP, d, "1"])
                 fail = read_ns(os.path.join(d, "fail_1"))
                 starts = [read_ns(p) for p in glob.glob(os.path.join(d, "start_1_*"))]
@@ -84,7 +94,8 @@ def main():
 
     med = {k: {n: statistics.median(v[n]) for n in names} for k, v in
            (("launch", launch), ("restart", restart), ("restart_job", restart_job))}
-    print(f"machine: {os.cpu_count()} CPUs; runs: launch {a.runs} each, restart {len(restart['ctorchrun'])} each")
+    print(f"machine: {os.cpu_count()} CPUs; torchrun: torch {version}; runs: launch {a.runs} each, "
+          f"restart {len(restart['ctorchrun'])} each")
     print()
     print("| measurement | ctorchrun (median) | torchrun (median) | torchrun / ctorchrun |")
     print("| --- | --- | --- | --- |")
