@@ -383,6 +383,49 @@ C10dRound C10dHandler::form_round() {
 }
 
 RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
+  const WorkersStore workers = publish_workers_store(round);
+  const std::string round_prefix =
+      job_prefix_ + "/g" + std::to_string(round.generation) + "/r" + std::to_string(round.round);
+  RendezvousInfo info;
+  info.store = std::make_shared<store::PrefixStore>(round_prefix, conn_);
+  // Background connections make only quick calls: a frozen store shows as a
+  // timeout within seconds.
+  info.connect = [open = open_background_, round_prefix, t = options_.monitor_timeout] {
+    return open(round_prefix, t);
+  };
+  info.namespace_prefix = std::string("/") + StaticHandler::kNamespace + "/";
+  info.round = round.round;
+  info.group_rank = round.group_rank;
+  info.group_world_size = static_cast<int>(round.nodes.size());
+  info.nodes = round.nodes;
+  info.master_addr = workers.addr;
+  info.master_port = workers.port;
+  info.attempt = round.attempt;
+  if (workers_server_) {
+    store::TcpStoreServer* server = workers_server_.get();
+    info.clear_worker_keys = [server] { return server->erase_keys_except({}); };
+  }
+  // The endpoint's host leaves last; with no member hosting it (a standalone
+  // store at the endpoint), group rank 0 publishes liveness.
+  const bool any_host = std::any_of(round.nodes.begin(), round.nodes.end(),
+                                    [](const NodeInfo& n) { return n.hosts_endpoint; });
+  info.store_host = any_host ? server_ != nullptr : round.group_rank == 0;
+
+  info.store_endpoint = endpoint_;
+  // etcd fails over between its members: only read_timeout without an answer
+  // ends the job.
+  if (!options_.etcd_endpoints.empty()) {
+    info.store_grace = options_.read_timeout;
+    info.liveness_window = lease_ttl_ + options_.read_timeout;
+  }
+
+  hold_presence(round, info);
+  watch_membership(round, workers, info);
+  set_up_ending(round, info);
+  return info;
+}
+
+C10dHandler::WorkersStore C10dHandler::publish_workers_store(const C10dRound& round) {
   auto log = get_logger("rdzv");
   // Towards the agents' store (the endpoint, or the first etcd member): the
   // route that gives the workers' store its address.
@@ -446,42 +489,10 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     workers_port = static_cast<int>(j["port"].get<int64_t>());
   }
   log->debug("round {}: the workers' store is at {}:{}", round.round, workers_addr, workers_port);
+  return {workers_addr, workers_port};
+}
 
-  const std::string round_prefix =
-      job_prefix_ + "/g" + std::to_string(round.generation) + "/r" + std::to_string(round.round);
-  RendezvousInfo info;
-  info.store = std::make_shared<store::PrefixStore>(round_prefix, conn_);
-  // Background connections make only quick calls: a frozen store shows as a
-  // timeout within seconds.
-  info.connect = [open = open_background_, round_prefix, t = options_.monitor_timeout] {
-    return open(round_prefix, t);
-  };
-  info.namespace_prefix = std::string("/") + StaticHandler::kNamespace + "/";
-  info.round = round.round;
-  info.group_rank = round.group_rank;
-  info.group_world_size = static_cast<int>(round.nodes.size());
-  info.nodes = round.nodes;
-  info.master_addr = workers_addr;
-  info.master_port = workers_port;
-  info.attempt = round.attempt;
-  if (workers_server_) {
-    store::TcpStoreServer* server = workers_server_.get();
-    info.clear_worker_keys = [server] { return server->erase_keys_except({}); };
-  }
-  // The endpoint's host leaves last; with no member hosting it (a standalone
-  // store at the endpoint), group rank 0 publishes liveness.
-  const bool any_host = std::any_of(round.nodes.begin(), round.nodes.end(),
-                                    [](const NodeInfo& n) { return n.hosts_endpoint; });
-  info.store_host = any_host ? server_ != nullptr : round.group_rank == 0;
-
-  info.store_endpoint = endpoint_;
-  // etcd fails over between its members: only read_timeout without an answer
-  // ends the job.
-  if (!options_.etcd_endpoints.empty()) {
-    info.store_grace = options_.read_timeout;
-    info.liveness_window = lease_ttl_ + options_.read_timeout;
-  }
-
+void C10dHandler::hold_presence(const C10dRound& round, RendezvousInfo& info) {
   // This member's presence: a key bound to a connection of its own, so that
   // it vanishes with this agent (store/protocol.h's BIND_KEYS). A store
   // without the extension leaves the heartbeats to notice a lost agent.
@@ -524,7 +535,12 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     }
     withdraw();
   };
+}
 
+void C10dHandler::watch_membership(const C10dRound& round, const WorkersStore& workers,
+                                   RendezvousInfo& info) {
+  const std::string& workers_addr = workers.addr;
+  const int workers_port = workers.port;
   // The monitor's view of the round: a connection of its own, opened on first
   // use and again after an error (which also restarts the admission timer).
   // The agent's thread may re-form the round too: a mutex keeps them apart.
@@ -634,6 +650,10 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   info.reform = [call](const MembershipChange& change) {
     return call([&](C10dRoundWatch& w) { return w.reform(change); });
   };
+}
+
+void C10dHandler::set_up_ending(const C10dRound& round, RendezvousInfo& info) {
+  auto presence = presence_;
   C10dState* state = state_.get();
   info.mark_finishing = [state, presence, round](int attempt) {
     const bool finishing = state->mark_finishing(attempt);
@@ -683,7 +703,6 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
     }
     get_logger("rdzv")->debug("rendezvous '{}': {} waiting nodes told of the end", run_id, waiting);
   };
-  return info;
 }
 
 }  // namespace ctorchrun::rendezvous

@@ -127,7 +127,26 @@ class C10dHandler : public Handler {
   // A waiting node that hosts the endpoint's store, when the job ends: keeps
   // the store up until the members have left (bounded).
   void linger_for_members();
+  // The session of one round, for the agent: round_info composes the
+  // duties below into the RendezvousInfo it returns.
   RendezvousInfo round_info(const C10dRound& round);
+  struct WorkersStore {
+    std::string addr;
+    int port = 0;
+  };
+  // Group rank 0 hosts this round's workers' store and publishes where;
+  // the others wait for that (RankZeroLost when rank 0 dies first).
+  WorkersStore publish_workers_store(const C10dRound& round);
+  // This member's presence key, and how it withdraws, announces stopping its
+  // workers and leaves on purpose (info.withdraw, stopping, depart).
+  void hold_presence(const C10dRound& round, RendezvousInfo& info);
+  // The monitor's view of the round on a connection of its own (polled on a
+  // TCP store, from a watch on etcd) and re-forming it (info.check_membership,
+  // reform).
+  void watch_membership(const C10dRound& round, const WorkersStore& workers, RendezvousInfo& info);
+  // The end of the job: marking an attempt finishing, closing the id and
+  // tidying etcd (info.mark_finishing, close, tidy).
+  void set_up_ending(const C10dRound& round, RendezvousInfo& info);
 
   C10dOptions options_;
   std::string endpoint_;  // "host:port", for messages
