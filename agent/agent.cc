@@ -285,6 +285,8 @@ class ElasticAgent::Impl {
   // runs (worker/torch_probe.h) and read once, before the first workers
   // start; unknown with --no_python or when the probe fails.
   std::future<std::optional<std::string>> torch_probe_;
+  // --numa-binding: each local rank's CPUs, decided once.
+  std::vector<std::vector<int>> numa_cpus_;
   std::optional<std::pair<int, int>> torch_version_;
 };
 
@@ -380,6 +382,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     s.stdout_path = dir + "/stdout.log";
     s.stderr_path = dir + "/stderr.log";
     s.prefix = log_line_prefix(c_.log_line_prefix_template, c_.role, p.global_rank, lr);
+    if (static_cast<size_t>(lr) < numa_cpus_.size()) s.cpus = numa_cpus_[static_cast<size_t>(lr)];
     if (c_.local_ranks_filter) {
       const auto& f = *c_.local_ranks_filter;
       s.console = std::find(f.begin(), f.end(), lr) != f.end();
@@ -1132,6 +1135,21 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
 
 RunResult ElasticAgent::Impl::run() {
   host_ = c_.local_addr.empty() ? hostname() : c_.local_addr;
+  if (c_.numa_binding) {
+    try {
+      auto cuda = c_.environment.find("CUDA_VISIBLE_DEVICES");
+      numa_cpus_ = worker::numa_cpus(
+          *c_.numa_binding, worker::read_cpu_topology(c_.sysfs_root), c_.nproc_per_node,
+          cuda == c_.environment.end() ? std::nullopt : std::optional<std::string>(cuda->second));
+    } catch (const Error& e) {
+      return finish(kUsage, e.what());
+    }
+    for (size_t lr = 0; lr < numa_cpus_.size(); ++lr) {
+      std::string list;
+      for (int cpu : numa_cpus_[lr]) list += (list.empty() ? "" : ",") + std::to_string(cpu);
+      log_->info("numa binding: local rank {} on CPUs {}", lr, list);
+    }
+  }
   if (!c_.python.empty()) {
     // Which NCCL variable the workers' torch reads: learned while the
     // rendezvous runs, so that it costs a job no time.

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/numa_binding.h"
+
 namespace ctorchrun::agent {
 
 struct LaunchConfig {
@@ -78,6 +80,10 @@ struct LaunchConfig {
   // empty with --no_python.
   std::string python;
   std::string role = "default";
+  // --numa-binding: each local rank's CPUs near its GPU (worker/numa_binding.h),
+  // read from sysfs at `sysfs_root` ($CTORCHRUN_SYSFS_ROOT, for tests; /sys).
+  std::optional<worker::NumaBinding> numa_binding;
+  std::string sysfs_root = "/sys";
   // Name shown in the failure summary: the script, module or binary.
   std::string entrypoint_name;
 

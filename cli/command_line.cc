@@ -16,6 +16,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "rendezvous/endpoint.h"
+#include "worker/numa_binding.h"
 
 namespace ctorchrun::cli {
 
@@ -490,8 +491,11 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       opt("--logs-specs,--logs_specs", logs_specs, "PET_LOGS_SPECS",
           "'default' (torchrun's own log layout) is accepted; other names are torchrun's Python "
           "plugins, which ctorchrun cannot load (exit 2)");
-  opt("--numa-binding,--numa_binding", numa_binding, "PET_NUMA_BINDING",
-      "not supported yet; giving it is an error");
+  CLI::Option* numa_opt =
+      opt("--numa-binding,--numa_binding", numa_binding, "PET_NUMA_BINDING",
+          "node, socket, exclusive or core-complex: each local rank runs on CPUs near its GPU (the "
+          "i-th of CUDA_VISIBLE_DEVICES, GPUs in PCI bus order; without GPUs ranks are spread over "
+          "the NUMA nodes in order), from sysfs");
   opt("--shutdown-timeout,--shutdown_timeout", shutdown_timeout, "PET_SHUTDOWN_TIMEOUT",
       "seconds between SIGTERM and SIGKILL when stopping workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)")
       ->check(seconds_validator());
@@ -574,7 +578,14 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
                        ": log-spec plugins are Python entry points (group torchrun.logs_specs) "
                        "that ctorchrun cannot load; only 'default' is accepted");
     }
-    if (!numa_binding.empty()) throw UsageError("--numa_binding is not supported yet");
+    if (!numa_binding.empty()) {
+      c.numa_binding = worker::parse_numa_binding(numa_binding);
+      if (!c.numa_binding) {
+        throw UsageError(source(numa_opt, "PET_NUMA_BINDING") + "=" + numa_binding +
+                         ": expected node, socket, exclusive or core-complex");
+      }
+      c.sysfs_root = getenv_or(env, "CTORCHRUN_SYSFS_ROOT", "/sys");
+    }
     if (event_log_handler != "null" && event_log_handler != "console") {
       throw UsageError(source(event_log_handler_opt, "PET_EVENT_LOG_HANDLER") + "=" +
                        event_log_handler + ": expected null or console (torchrun's choices)");

@@ -92,6 +92,9 @@ struct WorkerSpec {
   // neither redirected nor teed goes to /dev/null, as torch 2.x's
   // DefaultLogsSpecs does. Its files are unaffected.
   bool console = true;
+  // The CPUs the worker may run on (sched_setaffinity before exec); empty:
+  // the agent's. A CPU this process may not use fails the worker's start.
+  std::vector<int> cpus;
 };
 
 struct WorkerExit {

@@ -31,6 +31,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -241,8 +242,9 @@ struct SpawnSetup : bp::extend::handler {
   int stdout_fd = -1;  // becomes the worker's fd 1; -1: inherit the agent's
   int stderr_fd = -1;
   pid_t agent_pid = 0;
-  int watcher_fd = -1;          // the watcher channel: the child announces "+<pgid>" on it
-  pid_t* failed_pid = nullptr;  // set when the child was forked but could not exec
+  int watcher_fd = -1;              // the watcher channel: the child announces "+<pgid>" on it
+  pid_t* failed_pid = nullptr;      // set when the child was forked but could not exec
+  const cpu_set_t* cpus = nullptr;  // the worker's CPU affinity (--numa-binding); null: the agent's
 
   template <class Executor>
   void on_setup(Executor& exec) const {
@@ -283,6 +285,9 @@ struct SpawnSetup : bp::extend::handler {
     if (::getppid() != agent_pid) ::_exit(127);
     announce_group();
     if (cwd != nullptr && ::chdir(cwd) != 0) fail(exec, "chdir() failed");
+    if (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
+      fail(exec, "sched_setaffinity() failed (--numa-binding's CPUs)");
+    }
     if (stdout_fd >= 0) install(exec, stdout_fd, STDOUT_FILENO);
     if (stderr_fd >= 0) install(exec, stderr_fd, STDERR_FILENO);
     mark_fds_cloexec();
@@ -729,6 +734,12 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   setup.agent_pid = agent_pid_;
   setup.watcher_fd = watcher_->channel_fd();
   setup.failed_pid = &failed_pid;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : spec.cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
+  }
+  if (!spec.cpus.empty()) setup.cpus = &cpus;
 
   std::error_code ec;
   pid_t pid = -1;

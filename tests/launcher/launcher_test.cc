@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "tests/launcher/launcher_support.h"
+#include "worker/numa_binding.h"
 
 using namespace ctorchrun::testing;
 using namespace std::chrono_literals;
@@ -158,6 +159,27 @@ TEST_CASE(
   CHECK(events >= 4);
   auto quiet = run_ctorchrun({"--standalone", "--no_python", "/bin/true"});
   CHECK(count_lines_with(quiet.output, "\"event\":") == 0);
+}
+
+TEST_CASE(
+    "ctorchrun: --numa-binding=exclusive runs each local rank on its own CPUs of this "
+    "machine's NUMA node, and an unknown mode is exit 2",
+    "[multiproc]") {
+  TempDir d;
+  auto r = run_ctorchrun(
+      {"--standalone", "--nproc_per_node=2", "--numa-binding=exclusive", "--no_python", "/bin/sh",
+       "-c", "grep Cpus_allowed_list /proc/self/status > " + d.path + "/cpus_$LOCAL_RANK"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string c0 = read_file(d.file("cpus_0")), c1 = read_file(d.file("cpus_1"));
+  INFO(c0 << c1);
+  // Disjoint CPUs when the machine's first node has two or more.
+  if (ctorchrun::worker::read_cpu_topology("/sys").nodes.front().cpus.size() >= 2) CHECK(c0 != c1);
+  CHECK(c0.find("Cpus_allowed_list:") == 0);
+  CHECK(count_lines_with(r.output, "numa binding: local rank") == 2);
+  auto bad = run_ctorchrun({"--numa-binding=numa", "--no_python", "/bin/true"});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("expected node, socket, exclusive or core-complex") != std::string::npos);
 }
 
 TEST_CASE("ctorchrun: --log_dir keeps torchrun's layout, --redirects and --tee route output",
