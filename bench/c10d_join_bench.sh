@@ -5,6 +5,8 @@
 # alternating per run so that machine noise hits both alike. On loopback.
 #
 #   bench/c10d_join_bench.sh [--runs N] [--ctorchrun PATH] [--only torchrun|ctorchrun]
+#     [--torchrun PATH] [--python PY]   (torch 2.6: --torchrun scripts/torch2/torchrun
+#     --python scripts/torch2/python)
 #                            [--deadline S] [--nnodes SPEC] [--lead-delay S] [--keep-logs DIR]
 #
 # Each run, for each launcher, two agents with the same command line
@@ -58,6 +60,8 @@ ap = argparse.ArgumentParser(prog="bench/c10d_join_bench.sh")
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--ctorchrun", default=None, help="ctorchrun binary")
 ap.add_argument("--torchrun", default="/usr/bin/torchrun")
+ap.add_argument("--python", default=PYTHON,
+                help="the workers' python (scripts/torch2/python: torch 2.6)")
 ap.add_argument("--only", choices=["torchrun", "ctorchrun"], default=None)
 ap.add_argument("--deadline", type=float, default=60.0, help="seconds from agent 2's start")
 ap.add_argument("--startup-deadline", type=float, default=60.0,
@@ -100,7 +104,7 @@ def measure(launcher, run):
     env = dict(os.environ)
     env.update(tag.env(), CJB_STOP_FILE=stop_file,
                CJB_MAX_SECONDS=str(int(args.startup_deadline + args.deadline + 30)),
-               CTORCHRUN_PYTHON=PYTHON, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
+               CTORCHRUN_PYTHON=args.python, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
                TMPDIR=os.path.join(work, "tmp"))
     cmd = [path, "--redirects", "9:1", "--tee", "9:1", "--monitor_interval", "0.1",
            f"--nnodes={args.nnodes}", "--nproc_per_node=1", "--rdzv_backend=c10d",

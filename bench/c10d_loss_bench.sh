@@ -7,6 +7,8 @@
 # loopback.
 #
 #   bench/c10d_loss_bench.sh [--runs N] [--ctorchrun PATH] [--only torchrun|ctorchrun]
+#     [--torchrun PATH] [--python PY]   (torch 2.6: --torchrun scripts/torch2/torchrun
+#     --python scripts/torch2/python)
 #                            [--deadline S] [--startup-deadline S] [--keep-logs DIR]
 #
 # Each run, for each launcher, two agents with the same command line
@@ -73,6 +75,8 @@ ap = argparse.ArgumentParser(prog="bench/c10d_loss_bench.sh")
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--ctorchrun", default=None, help="ctorchrun binary")
 ap.add_argument("--torchrun", default="/usr/bin/torchrun")
+ap.add_argument("--python", default=PYTHON,
+                help="the workers' python (scripts/torch2/python: torch 2.6)")
 ap.add_argument("--only", choices=["torchrun", "ctorchrun"], default=None)
 ap.add_argument("--deadline", type=float, default=90.0, help="seconds from the loss")
 ap.add_argument("--startup-deadline", type=float, default=60.0,
@@ -110,7 +114,7 @@ def measure(launcher, run):
     env = dict(os.environ)
     env.update(tag.env(), CJB_STOP_FILE=stop_file,
                CJB_MAX_SECONDS=str(int(args.startup_deadline + args.deadline + 30)),
-               CTORCHRUN_PYTHON=PYTHON, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
+               CTORCHRUN_PYTHON=args.python, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
                LOGLEVEL="INFO", TMPDIR=os.path.join(work, "tmp"))
     cmd = [path, "--redirects", "9:1", "--tee", "9:1", "--monitor_interval", "0.1",
            "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_backend=c10d",

@@ -163,7 +163,9 @@ json ClientCore::call(const std::string& path, const json& body, bool idempotent
       case Exchange::Kind::kTls:
         throw TlsError(ex.what);
       case Exchange::Kind::kRetry:
-        errors[member] = ex.what;
+        // An attempt cut short by this call's own deadline says less than
+        // what the member answered before (a refused handshake, say).
+        if (errors[member] == "not tried" || Clock::now() < deadline) errors[member] = ex.what;
         if (!idempotent && ex.sent && ex.applied)
           throw IoError(context(member, path) + ": " + ex.what +
                         "; the request was sent, so it may have been applied; not retried");
