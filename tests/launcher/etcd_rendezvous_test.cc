@@ -96,6 +96,19 @@ long long etcd_ranges(const std::string& endpoint) {
   return got ? std::atoll(buf) : -1;
 }
 
+// What a finished job leaves under its prefix: the closed marker alone, on a
+// lease (it expires after join_timeout).
+void expect_only_closed_marker(const EtcdCluster& etcd, const std::string& id) {
+  etcd::EtcdClient client(etcd.client_endpoints(), 5s);
+  auto left = client.range_prefix("/ctorchrun/" + id + "/");
+  std::string keys;
+  for (const auto& kv : left.kvs) keys += kv.key + " ";
+  INFO(keys);
+  REQUIRE(left.kvs.size() == 1);
+  CHECK(left.kvs[0].key == "/ctorchrun/" + id + "/g0/rdzv/closed");
+  CHECK(left.kvs[0].lease != 0);
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -195,14 +208,7 @@ TEST_CASE(
   INFO(a->read_all(1s) + "\n----\n" + b->read_all(1s));
   CHECK(rca == 0);
   CHECK(rcb == 0);
-  etcd::EtcdClient client(etcd.client_endpoints(), 5s);
-  auto left = client.range_prefix("/ctorchrun/" + job.id + "/");
-  std::string keys;
-  for (const auto& kv : left.kvs) keys += kv.key + " ";
-  INFO(keys);
-  REQUIRE(left.kvs.size() == 1);
-  CHECK(left.kvs[0].key == "/ctorchrun/" + job.id + "/g0/rdzv/closed");
-  CHECK(left.kvs[0].lease != 0);
+  expect_only_closed_marker(etcd, job.id);
   auto again = run_ctorchrun(concat({"--nnodes=1", "--rdzv_backend=etcd-v3",
                                      "--rdzv_endpoint=" + join(etcd.client_endpoints()),
                                      "--rdzv_id=" + job.id, "--rdzv_conf=join_timeout=30"},
@@ -231,14 +237,7 @@ TEST_CASE(
   auto [codes, out] = EtcdJob::ended(agents, 60s);
   INFO(out);
   CHECK(codes == std::vector<int>{1, 1});
-  etcd::EtcdClient client(etcd.client_endpoints(), 5s);
-  auto left = client.range_prefix("/ctorchrun/" + job.id + "/");
-  std::string keys;
-  for (const auto& kv : left.kvs) keys += kv.key + " ";
-  INFO(keys);
-  REQUIRE(left.kvs.size() == 1);
-  CHECK(left.kvs[0].key == "/ctorchrun/" + job.id + "/g0/rdzv/closed");
-  CHECK(left.kvs[0].lease != 0);
+  expect_only_closed_marker(etcd, job.id);
 }
 
 TEST_CASE(
@@ -294,11 +293,33 @@ TEST_CASE(
   EtcdCluster etcd(3);
   EtcdJob job(etcd);
   job.nnodes = "2:2";
+  // Leases of 3 s, refreshed every 1 s, each member given at most that long:
+  // a hung member costs one refresh 1 s, within the TTL with room for a
+  // loaded (sanitised) run, while a client that waited read_timeout over
+  // the members (10 s / 3) on it would lose the lease.
+  job.conf =
+      "join_timeout=30,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,"
+      "read_timeout=10";
   auto agents = job.running({"a", "b"});
+  // A hung member that is not the leader: a paused leader that wakes up was
+  // seen expiring every lease at once (etcd's own lessor), and a leader's
+  // loss is the test above.
+  if (etcd.leader() == 0) {
+    etcd::EtcdClient client(etcd.client_endpoints(), 5s);
+    char id[32];
+    std::snprintf(
+        id, sizeof id, "%llx",
+        static_cast<unsigned long long>(client.member_status(etcd.client_endpoint(1)).member_id));
+    const std::string move =
+        "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=" + etcd.client_endpoint(0) + " move-leader " +
+        id + " >/dev/null";
+    REQUIRE(std::system(move.c_str()) == 0);
+    REQUIRE(etcd.leader() != 0);
+  }
   // Every client starts with the first endpoint: it stops answering, with
   // its connections open (no reset, no EOF), as a hung machine would.
   REQUIRE(::kill(etcd.pid(0), SIGSTOP) == 0);
-  // Several lease TTLs (2 s) and liveness bounds: nothing may move.
+  // Several lease TTLs (3 s) and liveness bounds: nothing may move.
   std::this_thread::sleep_for(8s);
   ::kill(etcd.pid(0), SIGCONT);
   CHECK(lines_of(job.seen("a")).size() == 1);

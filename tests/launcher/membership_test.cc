@@ -338,8 +338,14 @@ TEST_CASE(
                 "; i=0; while [ ! -e " + job.d.path + "/stop ] && [ $i -lt 600 ]; do sleep 0.1; " +
                 "i=$((i+1)); done")));
   auto b = job.agent("b");
-  REQUIRE(wait_for_lines(job.seen("a"), 1, 30s));
-  REQUIRE(wait_for_lines(job.seen("b"), 1, 30s));
+  const bool both = wait_for_lines(job.seen("a"), 1, 60s) && wait_for_lines(job.seen("b"), 1, 5s);
+  if (!both) {
+    job.stop();
+    a->signal_group(SIGTERM);
+    b->signal_group(SIGTERM);
+    auto [codes, out] = ended({a.get(), b.get()});
+    FAIL("the job did not run at world 2 (dropped " << proxy.dropped() << "):\n" << out);
+  }
   CHECK(proxy.dropped() == 1);
   CHECK(job.last("a").substr(0, 4) == "2 0 ");
   job.stop();
