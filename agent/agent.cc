@@ -287,6 +287,8 @@ class ElasticAgent::Impl {
   std::future<std::optional<std::string>> torch_probe_;
   // --numa-binding: each local rank's CPUs, decided once.
   std::vector<std::vector<int>> numa_cpus_;
+  // and the NUMA nodes whose memory it prefers (empty: memory policy unavailable).
+  std::vector<std::vector<int>> numa_memory_;
   std::optional<std::pair<int, int>> torch_version_;
 };
 
@@ -383,6 +385,9 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     s.stderr_path = dir + "/stderr.log";
     s.prefix = log_line_prefix(c_.log_line_prefix_template, c_.role, p.global_rank, lr);
     if (static_cast<size_t>(lr) < numa_cpus_.size()) s.cpus = numa_cpus_[static_cast<size_t>(lr)];
+    if (static_cast<size_t>(lr) < numa_memory_.size()) {
+      s.memory_nodes = numa_memory_[static_cast<size_t>(lr)];
+    }
     if (c_.local_ranks_filter) {
       const auto& f = *c_.local_ranks_filter;
       s.console = std::find(f.begin(), f.end(), lr) != f.end();
@@ -1138,16 +1143,30 @@ RunResult ElasticAgent::Impl::run() {
   if (c_.numa_binding) {
     try {
       auto cuda = c_.environment.find("CUDA_VISIBLE_DEVICES");
-      numa_cpus_ = worker::numa_cpus(
-          *c_.numa_binding, worker::read_cpu_topology(c_.sysfs_root), c_.nproc_per_node,
-          cuda == c_.environment.end() ? std::nullopt : std::optional<std::string>(cuda->second));
+      const auto topology = worker::read_cpu_topology(c_.sysfs_root);
+      const std::optional<std::string> visible =
+          cuda == c_.environment.end() ? std::nullopt : std::optional<std::string>(cuda->second);
+      numa_cpus_ = worker::numa_cpus(*c_.numa_binding, topology, c_.nproc_per_node, visible);
+      numa_memory_ =
+          worker::numa_memory_nodes(*c_.numa_binding, topology, c_.nproc_per_node, visible);
     } catch (const Error& e) {
       return finish(kUsage, e.what());
     }
-    for (size_t lr = 0; lr < numa_cpus_.size(); ++lr) {
+    const std::string no_policy = worker::memory_policy_unavailable();
+    if (!no_policy.empty()) {
+      log_->warn("numa binding: CPUs only, no memory policy ({})", no_policy);
+      numa_memory_.clear();
+    }
+    auto text = [](const std::vector<int>& v) {
       std::string list;
-      for (int cpu : numa_cpus_[lr]) list += (list.empty() ? "" : ",") + std::to_string(cpu);
-      log_->info("numa binding: local rank {} on CPUs {}", lr, list);
+      for (int x : v) list += (list.empty() ? "" : ",") + std::to_string(x);
+      return list;
+    };
+    for (size_t lr = 0; lr < numa_cpus_.size(); ++lr) {
+      log_->info("numa binding: local rank {} on CPUs {}{}", lr, text(numa_cpus_[lr]),
+                 lr < numa_memory_.size()
+                     ? ", memory of node " + text(numa_memory_[lr]) + " preferred"
+                     : "");
     }
   }
   if (!c_.python.empty()) {

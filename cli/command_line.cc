@@ -495,7 +495,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       opt("--numa-binding,--numa_binding", numa_binding, "PET_NUMA_BINDING",
           "node, socket, exclusive or core-complex: each local rank runs on CPUs near its GPU (the "
           "i-th of CUDA_VISIBLE_DEVICES, GPUs in PCI bus order; without GPUs ranks are spread over "
-          "the NUMA nodes in order), from sysfs");
+          "the NUMA nodes in order) and prefers that node's memory, from sysfs");
   opt("--shutdown-timeout,--shutdown_timeout", shutdown_timeout, "PET_SHUTDOWN_TIMEOUT",
       "seconds between SIGTERM and SIGKILL when stopping workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)")
       ->check(seconds_validator());

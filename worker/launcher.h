@@ -95,6 +95,11 @@ struct WorkerSpec {
   // The CPUs the worker may run on (sched_setaffinity before exec); empty:
   // the agent's. A CPU this process may not use fails the worker's start.
   std::vector<int> cpus;
+  // NUMA node ids whose memory the worker prefers (set_mempolicy before
+  // exec: MPOL_PREFERRED for one node, MPOL_PREFERRED_MANY for several,
+  // falling back to the first alone where the kernel lacks it); empty: the
+  // agent's policy. A refused policy fails the worker's start.
+  std::vector<int> memory_nodes;
 };
 
 struct WorkerExit {

@@ -1,8 +1,12 @@
 #include "worker/numa_binding.h"
 
 #include <dirent.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -121,9 +125,11 @@ CpuTopology read_cpu_topology(const std::string& sysfs_root) {
   return t;
 }
 
-std::vector<std::vector<int>> numa_cpus(NumaBinding mode, const CpuTopology& topology, int nproc,
-                                        const std::optional<std::string>& cuda_visible_devices) {
-  // Each rank's NUMA node (an index into topology.nodes).
+namespace {
+
+// Each local rank's NUMA node, as an index into topology.nodes.
+std::vector<size_t> rank_nodes(const CpuTopology& topology, int nproc,
+                               const std::optional<std::string>& cuda_visible_devices) {
   std::vector<size_t> node_of(static_cast<size_t>(nproc), 0);
   std::vector<int> visible;
   if (cuda_visible_devices) {
@@ -161,6 +167,14 @@ std::vector<std::vector<int>> numa_cpus(NumaBinding mode, const CpuTopology& top
                            [&](const auto& n) { return n.id == node; });
     node_of[i] = it == topology.nodes.end() ? 0 : static_cast<size_t>(it - topology.nodes.begin());
   }
+  return node_of;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> numa_cpus(NumaBinding mode, const CpuTopology& topology, int nproc,
+                                        const std::optional<std::string>& cuda_visible_devices) {
+  const std::vector<size_t> node_of = rank_nodes(topology, nproc, cuda_visible_devices);
   std::vector<std::vector<int>> out(static_cast<size_t>(nproc));
   for (int r = 0; r < nproc; ++r) {
     const auto i = static_cast<size_t>(r);
@@ -205,6 +219,31 @@ std::vector<std::vector<int>> numa_cpus(NumaBinding mode, const CpuTopology& top
     }
   }
   return out;
+}
+
+std::vector<std::vector<int>> numa_memory_nodes(
+    NumaBinding mode, const CpuTopology& topology, int nproc,
+    const std::optional<std::string>& cuda_visible_devices) {
+  const std::vector<size_t> node_of = rank_nodes(topology, nproc, cuda_visible_devices);
+  std::vector<std::vector<int>> out(static_cast<size_t>(nproc));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto& node = topology.nodes[node_of[i]];
+    if (mode != NumaBinding::kSocket) {
+      out[i] = {node.id};
+      continue;
+    }
+    out[i] = {node.id};
+    for (const auto& n : topology.nodes) {
+      if (n.socket == node.socket && n.id != node.id) out[i].push_back(n.id);
+    }
+  }
+  return out;
+}
+
+std::string memory_policy_unavailable() {
+  int mode = 0;
+  if (::syscall(SYS_get_mempolicy, &mode, nullptr, 0UL, nullptr, 0UL) == 0) return "";
+  return std::string("get_mempolicy: ") + std::strerror(errno);
 }
 
 }  // namespace ctorchrun::worker

@@ -16,8 +16,12 @@
 // Modes: node (every CPU of the rank's node), socket (every CPU of the
 // node's socket), exclusive (the node's CPUs split into disjoint runs among
 // the ranks on that node), core-complex (one L3 group of the node per rank,
-// in turn). Only the CPU affinity is set (sched_setaffinity in the worker
-// before exec); the memory policy is left to the kernel's first-touch rule.
+// in turn). The CPU affinity is set with sched_setaffinity in the worker
+// before exec, and the memory policy prefers the rank's node (set_mempolicy
+// MPOL_PREFERRED, numactl's --preferred, as torchrun does); in socket mode it
+// prefers every node of the socket (MPOL_PREFERRED_MANY, --preferred-many,
+// falling back to the rank's node on kernels before 5.15). A preference, not
+// a bind: allocations spill to other nodes when the preferred ones are full.
 
 #include <optional>
 #include <string>
@@ -54,5 +58,17 @@ std::vector<int> parse_cpu_list(const std::string& text);
 // not a GPU of the topology.
 std::vector<std::vector<int>> numa_cpus(NumaBinding mode, const CpuTopology& topology, int nproc,
                                         const std::optional<std::string>& cuda_visible_devices);
+
+// The NUMA node ids whose memory each of `nproc` local ranks prefers: its
+// node, or in socket mode every node of its socket (its own first). Same
+// arguments and errors as numa_cpus.
+std::vector<std::vector<int>> numa_memory_nodes(
+    NumaBinding mode, const CpuTopology& topology, int nproc,
+    const std::optional<std::string>& cuda_visible_devices);
+
+// Whether this process may set a memory policy (get_mempolicy answers;
+// seccomp profiles without CAP_SYS_NICE refuse it): empty when it may, else
+// the reason.
+std::string memory_policy_unavailable();
 
 }  // namespace ctorchrun::worker

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -73,6 +74,9 @@
 namespace ctorchrun::worker {
 
 namespace {
+
+// NUMA node masks given to set_mempolicy: nodes 0..1023.
+constexpr size_t kNodeMaskWords = 1024 / (8 * sizeof(unsigned long));
 
 namespace asio = boost::asio;
 namespace bp = boost::process;
@@ -245,6 +249,11 @@ struct SpawnSetup : bp::extend::handler {
   int watcher_fd = -1;              // the watcher channel: the child announces "+<pgid>" on it
   pid_t* failed_pid = nullptr;      // set when the child was forked but could not exec
   const cpu_set_t* cpus = nullptr;  // the worker's CPU affinity (--numa-binding); null: the agent's
+  // The worker's preferred memory nodes (--numa-binding): node masks for
+  // set_mempolicy, every node and the first alone; null: the agent's policy.
+  const unsigned long* mem_many = nullptr;
+  const unsigned long* mem_first = nullptr;
+  bool mem_several = false;
 
   template <class Executor>
   void on_setup(Executor& exec) const {
@@ -287,6 +296,15 @@ struct SpawnSetup : bp::extend::handler {
     if (cwd != nullptr && ::chdir(cwd) != 0) fail(exec, "chdir() failed");
     if (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
       fail(exec, "sched_setaffinity() failed (--numa-binding's CPUs)");
+    }
+    if (mem_many != nullptr) {
+      constexpr int kPreferred = 1, kPreferredMany = 5;  // MPOL_PREFERRED(_MANY)
+      constexpr unsigned long kMaxNode = kNodeMaskWords * 8 * sizeof(unsigned long);
+      long rc = -1;
+      if (mem_several) rc = ::syscall(SYS_set_mempolicy, kPreferredMany, mem_many, kMaxNode);
+      // Before Linux 5.15 there is no MPOL_PREFERRED_MANY: the rank's node alone.
+      if (rc != 0) rc = ::syscall(SYS_set_mempolicy, kPreferred, mem_first, kMaxNode);
+      if (rc != 0) fail(exec, "set_mempolicy() failed (--numa-binding's memory nodes)");
     }
     if (stdout_fd >= 0) install(exec, stdout_fd, STDOUT_FILENO);
     if (stderr_fd >= 0) install(exec, stderr_fd, STDERR_FILENO);
@@ -740,6 +758,20 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
   }
   if (!spec.cpus.empty()) setup.cpus = &cpus;
+  std::array<unsigned long, kNodeMaskWords> mem_many{}, mem_first{};
+  constexpr size_t kBits = 8 * sizeof(unsigned long);
+  for (size_t i = 0; i < spec.memory_nodes.size(); ++i) {
+    const int n = spec.memory_nodes[i];
+    if (n < 0 || static_cast<size_t>(n) >= kNodeMaskWords * kBits) continue;
+    const unsigned long bit = 1UL << (static_cast<size_t>(n) % kBits);
+    mem_many[static_cast<size_t>(n) / kBits] |= bit;
+    if (i == 0) mem_first[static_cast<size_t>(n) / kBits] |= bit;
+  }
+  if (!spec.memory_nodes.empty()) {
+    setup.mem_many = mem_many.data();
+    setup.mem_first = mem_first.data();
+    setup.mem_several = spec.memory_nodes.size() > 1;
+  }
 
   std::error_code ec;
   pid_t pid = -1;

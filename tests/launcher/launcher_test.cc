@@ -161,18 +161,34 @@ TEST_CASE(
   CHECK(count_lines_with(quiet.output, "\"event\":") == 0);
 }
 
+// Prints the calling process's memory policy: "mode M mask N" (get_mempolicy).
+const char* const kPrintMemoryPolicy =
+    "import ctypes, platform\n"
+    "nr = {\"x86_64\": 239, \"aarch64\": 236}[platform.machine()]\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "mode, mask = ctypes.c_int(-1), (ctypes.c_ulong * 16)()\n"
+    "assert libc.syscall(nr, ctypes.byref(mode), mask, 1024, None, 0) == 0\n"
+    "print(\"mode\", mode.value, \"mask\", mask[0])\n";
+
 TEST_CASE(
     "ctorchrun: --numa-binding=exclusive runs each local rank on its own CPUs of this "
-    "machine's NUMA node, and an unknown mode is exit 2",
+    "machine's NUMA node and prefers its memory, and an unknown mode is exit 2",
     "[multiproc]") {
   TempDir d;
-  auto r = run_ctorchrun(
-      {"--standalone", "--nproc_per_node=2", "--numa-binding=exclusive", "--no_python", "/bin/sh",
-       "-c", "grep Cpus_allowed_list /proc/self/status > " + d.path + "/cpus_$LOCAL_RANK"});
+  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=2", "--numa-binding=exclusive",
+                          "--no_python", "/bin/sh", "-c",
+                          "grep Cpus_allowed_list /proc/self/status > " + d.path +
+                              "/cpus_$LOCAL_RANK && exec /usr/bin/python3 -c '" +
+                              kPrintMemoryPolicy + "' > " + d.path + "/mem_$LOCAL_RANK"});
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const std::string c0 = read_file(d.file("cpus_0")), c1 = read_file(d.file("cpus_1"));
   INFO(c0 << c1);
+  // The memory policy prefers the rank's node (MPOL_PREFERRED=1, node 0 here).
+  const auto node0 = ctorchrun::worker::read_cpu_topology("/sys").nodes.front().id;
+  const std::string preferred = "mode 1 mask " + std::to_string(1UL << node0) + "\n";
+  CHECK(read_file(d.file("mem_0")) == preferred);
+  CHECK(read_file(d.file("mem_1")) == preferred);
   // Disjoint CPUs when the machine's first node has two or more.
   if (ctorchrun::worker::read_cpu_topology("/sys").nodes.front().cpus.size() >= 2) CHECK(c0 != c1);
   CHECK(c0.find("Cpus_allowed_list:") == 0);

@@ -123,6 +123,28 @@ TEST_CASE("numa binding: each mode's CPUs per local rank, by GPU and CUDA_VISIBL
   CHECK_FALSE(worker::parse_numa_binding("numa").has_value());
 }
 
+TEST_CASE("numa binding: each rank prefers its GPU's node's memory, socket mode its socket's nodes",
+          "[unit]") {
+  FakeSysfs sys;
+  auto t = worker::read_cpu_topology(sys.root);
+  for (auto mode : {NumaBinding::kNode, NumaBinding::kExclusive, NumaBinding::kCoreComplex}) {
+    auto mem = worker::numa_memory_nodes(mode, t, 8, std::nullopt);
+    REQUIRE(mem.size() == 8);
+    CHECK(mem[0] == std::vector<int>{0});
+    CHECK(mem[3] == std::vector<int>{1});
+    CHECK(mem[7] == std::vector<int>{3});
+  }
+  // Socket: every node of the socket, the rank's own first.
+  auto socket = worker::numa_memory_nodes(NumaBinding::kSocket, t, 8, std::nullopt);
+  CHECK(socket[0] == std::vector<int>{0, 1});
+  CHECK(socket[2] == std::vector<int>{1, 0});
+  CHECK(socket[5] == std::vector<int>{2, 3});
+  auto visible = worker::numa_memory_nodes(NumaBinding::kNode, t, 2, std::string("6,1"));
+  CHECK(visible == std::vector<std::vector<int>>{{3}, {0}});
+  CHECK_THROWS_AS(worker::numa_memory_nodes(NumaBinding::kNode, t, 1, std::string("8")),
+                  ConfigError);
+}
+
 TEST_CASE("numa binding: this machine's own sysfs gives every local rank CPUs it has", "[unit]") {
   auto t = worker::read_cpu_topology("/sys");
   REQUIRE_FALSE(t.nodes.empty());
