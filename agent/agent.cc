@@ -1178,10 +1178,10 @@ RunResult ElasticAgent::Impl::run() {
   }
   if (c_.rdzv_backend == "c10d") {
     log_->info(
-        "starting rdzv_backend=c10d rdzv_endpoint={}:{} nnodes={}:{} nproc_per_node={} run_id={} "
+        "starting rdzv_backend=c10d rdzv_endpoint={} nnodes={}:{} nproc_per_node={} run_id={} "
         "max_restarts={} entrypoint={}",
-        c_.master_addr, c_.master_port, c_.min_nodes, c_.max_nodes, c_.nproc_per_node, c_.run_id,
-        c_.max_restarts, c_.entrypoint_name);
+        rendezvous::format_endpoint(c_.rdzv_endpoint_host, c_.rdzv_endpoint_port), c_.min_nodes,
+        c_.max_nodes, c_.nproc_per_node, c_.run_id, c_.max_restarts, c_.entrypoint_name);
   } else if (c_.rdzv_backend == "etcd-v3") {
     std::string list;
     for (const auto& e : c_.etcd_endpoints)
@@ -1235,13 +1235,11 @@ RunResult ElasticAgent::Impl::run() {
   } catch (const ProtocolError& e) {
     if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
     leave();
-    std::string where = info_.master_addr + ":" + std::to_string(info_.master_port);
-    return finish(kRendezvous, "protocol error in the job's store at " + where + ": " + e.what());
+    return finish(kRendezvous, "protocol error in " + agents_store() + ": " + e.what());
   } catch (const Error& e) {
     // The store failed under the main loop's feet.
     if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
-    std::string where = info_.master_addr + ":" + std::to_string(info_.master_port);
-    return finish(kRendezvous, std::string("lost the job's store at ") + where + ": " + e.what());
+    return finish(kRendezvous, "lost " + agents_store() + ": " + e.what());
   } catch (const std::exception& e) {
     stop_workers(SIGKILL, attempt_);
     throw InternalError(std::string("agent: ") + e.what());
@@ -1291,8 +1289,8 @@ RunResult run(const LaunchConfig& config) {
   std::unique_ptr<rendezvous::Handler> rdzv;
   if (config.rdzv_backend == "c10d" || config.rdzv_backend == "etcd-v3") {
     rendezvous::C10dOptions co;
-    co.endpoint_host = config.master_addr;  // the command line put --rdzv_endpoint there
-    co.endpoint_port = config.master_port;
+    co.endpoint_host = config.rdzv_endpoint_host;
+    co.endpoint_port = config.rdzv_endpoint_port;
     co.run_id = config.run_id;
     co.min_nodes = config.min_nodes;
     co.max_nodes = config.max_nodes;

@@ -24,8 +24,13 @@ struct LaunchConfig {
 
   // Rendezvous.
   std::string rdzv_backend = "static";
+  // The static rendezvous' store (node 0 hosts it); empty/0 under c10d and
+  // etcd-v3, whose workers' store the rendezvous chooses each round.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0 only with --standalone: a free port
+  // --rdzv_backend=c10d: the endpoint's store (the host without brackets).
+  std::string rdzv_endpoint_host;
+  int rdzv_endpoint_port = 0;
   std::string run_id = "none";
   // --rdzv_backend=etcd-v3: the etcd members ("host:port", at least one) and
   // the key prefix (--rdzv_conf etcd_prefix).

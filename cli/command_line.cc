@@ -683,8 +683,10 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       c.node_rank = 0;
       // torchrun's default port of a c10d endpoint: 29400.
       const rendezvous::Endpoint e = endpoint_of(rdzv_endpoint, 29400);
-      c.master_addr = e.host;
-      c.master_port = e.port;
+      c.rdzv_endpoint_host = e.host;
+      c.rdzv_endpoint_port = e.port;
+      c.master_addr.clear();
+      c.master_port = 0;
     } else {
       if (c.rdzv_backend != "static") {
         throw UsageError("--rdzv_backend: unknown backend '" + c.rdzv_backend + "'");

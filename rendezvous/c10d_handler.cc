@@ -13,9 +13,6 @@
 #include "common/deadline.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "etcd/client.h"
-#include "etcd/etcd_store.h"
-#include "etcd/watch.h"
 #include "rendezvous/c10d_state.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/host_probe.h"
@@ -87,156 +84,24 @@ C10dHandler::~C10dHandler() {
 }
 
 void C10dHandler::abandon() noexcept {
-  if (!etcd_presence_) return;
-  try {
-    const std::int64_t lease = etcd_presence_->lease_id();
-    if (lease == 0) return;
-    // A client of its own with a short timeout: the agent's may be busy or
-    // waiting on a member that does not answer.
-    etcd::EtcdClient quick(options_.etcd_endpoints, milliseconds(2'000), options_.etcd_tls);
-    quick.lease_revoke(lease);
-  } catch (const std::exception& e) {
-    get_logger("rdzv")->debug("could not revoke this node's etcd lease: {}", e.what());
-  }
+  if (coord_) coord_->abandon();
 }
 
-void C10dHandler::host_endpoint_if_ours() {
-  if (server_ || options_.is_host == false) return;
-  auto log = get_logger("rdzv");
-  const std::string addr = strip_brackets(options_.endpoint_host);
-  std::string bind;
-  try {
-    bind = bind_address_for(addr);
-  } catch (const IoError& e) {
-    if (options_.is_host == true) throw;
-    log->debug("not hosting the rendezvous endpoint: {}", e.what());
-    return;
-  }
-  store::ServerOptions so = options_.server;
-  so.host = bind;
-  so.port = static_cast<uint16_t>(options_.endpoint_port);
-  try {
-    server_ = store::TcpStoreServer::start(so);
-    log->info("hosting the rendezvous store on {} port {}", so.host, server_->port());
-  } catch (const IoError& e) {
-    if (options_.is_host == true) throw;
-    // Another agent of this host bound it first: it hosts, this one connects.
-    log->debug("rendezvous endpoint already bound on this host, connecting: {}", e.what());
-  }
-}
-
-void C10dHandler::open_tcp_store() {
-  auto log = get_logger("rdzv");
-  const auto deadline = Clock::now() + options_.join_timeout;
-  const std::string addr = strip_brackets(options_.endpoint_host);
-  const int port = options_.endpoint_port;
-  endpoint_ = format_endpoint(addr, port);
-  host_endpoint_if_ours();
-
-  ConnectRetry retry;
-  retry.deadline = deadline;
-  retry.wait_log_interval = options_.wait_log_interval;
-  retry.op_timeout = options_.read_timeout;
-  retry.on_wait = [&](const std::string& why) {
-    log->info("rendezvous '{}': waiting for the endpoint {}: {}", options_.run_id, endpoint_, why);
-  };
-  retry.timeout_message = [&](const std::string& why) {
-    return "rendezvous '" + options_.run_id + "' timed out after " +
-           format_duration(options_.join_timeout) + ": cannot reach the endpoint " + endpoint_ +
-           "; check --rdzv_endpoint and that its host runs (" + why + ")";
-  };
-  conn_ = connect_until(addr, port, retry);
-  // torchrun's c10d agents keep one blob under this key of the same store.
-  if (conn_->check({"torch.rendezvous." + options_.run_id})) {
-    throw ConfigError("the endpoint " + endpoint_ + " holds torchrun's rendezvous for id '" +
-                      options_.run_id + "' (key torch.rendezvous." + options_.run_id +
-                      "); start every node with ctorchrun, or use another --rdzv_id");
-  }
-  job_prefix_ = std::string(StaticHandler::kNamespace) + "/" + options_.run_id;
-  open_background_ = [addr, port](const std::string& prefix, milliseconds timeout) {
-    return std::make_shared<store::PrefixStore>(prefix, tcp_client(addr, port, timeout, timeout));
-  };
-  // This agent's presence: a connection whose keys vanish with it
-  // (store/protocol.h's BIND_KEYS). A store without the extension leaves the
-  // heartbeats to notice a lost agent.
-  try {
-    // Quick calls only (a record, a presence key): a store that does not
-    // answer within seconds must not hold up an agent that leaves.
-    auto c = tcp_client(addr, port, milliseconds(3'000), milliseconds(3'000));
-    c->bind_keys_to_connection();
-    presence_ = std::make_shared<store::PrefixStore>(job_prefix_, c);
-  } catch (const store::NotSupportedError& e) {
-    presence_.reset();
-    log->info(
-        "the store at the endpoint {} cannot bind keys to a connection ({}); lost nodes are "
-        "noticed by their heartbeats alone",
-        endpoint_, e.what());
-  }
-}
-
-void C10dHandler::open_etcd_store() {
-  std::string list;
-  for (const auto& e : options_.etcd_endpoints) list += (list.empty() ? "" : ",") + e;
-  endpoint_ = "etcd " + list;
-  const std::string root = options_.etcd_prefix + "/";
-  const auto endpoints = options_.etcd_endpoints;
-  const auto tls = options_.etcd_tls;
-  auto client = std::make_shared<etcd::EtcdClient>(endpoints, options_.read_timeout, tls);
-  etcd_client_ = client;
-  conn_ = std::make_shared<etcd::EtcdStore>(client, root);
-  job_prefix_ = options_.run_id;
-  open_background_ = [endpoints, tls, root](const std::string& prefix, milliseconds timeout) {
-    auto c = std::make_shared<etcd::EtcdClient>(endpoints, timeout, tls);
-    return std::make_shared<store::PrefixStore>(prefix, std::make_shared<etcd::EtcdStore>(c, root));
-  };
-  // Presence: keys on a lease that this agent keeps alive; they expire with
-  // it (EtcdStore's held/lost markers answer the gone-marker checks).
-  auto presence = std::make_shared<etcd::EtcdStore>(client, root);
-  lease_ttl_ = std::max(options_.presence_ttl, milliseconds(2'000));
-  try {
-    presence->bind_keys_to_lease(lease_ttl_);
-  } catch (const IoError& e) {
-    throw Error("cannot reach the etcd cluster (" + list + "): " + e.what());
-  }
-  etcd_presence_ = presence;
-  presence_ = std::make_shared<store::PrefixStore>(job_prefix_, presence);
-}
-
-void C10dHandler::renew_lease() {
-  if (!etcd_presence_) return;
-  std::string why;
-  if (etcd_presence_->lease_lost()) {
-    why = etcd_presence_->lease_lost_reason();
-  } else {
-    // The keeper learns of a revoked lease only at its next refresh (TTL/3
-    // away): ask now, so that this node never enters a round on a lease
-    // that is gone (its writes would fail with "lease not found").
-    try {
-      if (etcd_client_->lease_keepalive(etcd_presence_->lease_id()) == 0) {
-        why = "etcd says it was revoked or has expired";
-      }
-    } catch (const Error& e) {
-      get_logger("rdzv")->debug("could not check this node's etcd lease: {}", e.what());
-    }
-  }
-  if (why.empty()) return;
-  get_logger("rdzv")->warn(
-      "rendezvous '{}': this node's lease is gone ({}); the others count this node lost. "
-      "Coming back under a new lease",
-      options_.run_id, why);
-  // Keys of the old lease went with it; the presence key is written anew.
-  presence_key_.clear();
-  etcd_presence_->bind_keys_to_lease(lease_ttl_);
+void C10dHandler::renew_presence() {
+  // Keys of a lost presence went with it: the presence key is written anew.
+  if (coord_->renew()) presence_key_.clear();
 }
 
 RendezvousInfo C10dHandler::next_rendezvous() {
   CTORCHRUN_CHECK(!state_, "C10dHandler::next_rendezvous() called twice; use next_round()");
   auto log = get_logger("rdzv");
-  if (options_.etcd_endpoints.empty()) {
-    open_tcp_store();
-  } else {
-    open_etcd_store();
-  }
+  coord_ = make_coordination(options_);
+  coord_->open();
+  endpoint_ = coord_->describe();
+  job_prefix_ = coord_->job_prefix();
+  conn_ = coord_->store();
+  open_background_ = coord_->background();
+  presence_ = coord_->presence();
   job_ = std::make_shared<store::PrefixStore>(job_prefix_, conn_);
   C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
                         options_.entrypoint};
@@ -245,7 +110,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   me.max_restarts = options_.max_restarts;
   me.host = options_.host;
   me.pid = static_cast<int>(::getpid());
-  me.hosts_endpoint = server_ != nullptr;
+  me.hosts_endpoint = coord_->hosts_endpoint();
   C10dTiming timing;
   timing.last_call_timeout = options_.last_call_timeout;
   timing.closed_window = options_.closed_window.value_or(options_.join_timeout);
@@ -264,7 +129,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
 RendezvousInfo C10dHandler::next_round(const MembershipChange& change, int attempt) {
   CTORCHRUN_CHECK(state_ && round_, "C10dHandler::next_round() before a round formed");
   try {
-    renew_lease();
+    renew_presence();
     state_->rejoin(*round_, attempt, change.lost);
   } catch (const IoError& e) {
     throw Error("lost the rendezvous store at " + endpoint_ + " while round " +
@@ -279,7 +144,7 @@ RendezvousInfo C10dHandler::form() {
     try {
       round = form_round();
     } catch (const JobClosedError&) {
-      if (server_) linger_for_members();
+      if (coord_->hosts_endpoint()) linger_for_members();
       throw;
     }
     round_ = round;
@@ -296,7 +161,7 @@ RendezvousInfo C10dHandler::form() {
       C10dRoundWatch watch(*job_, settings, round, options_.last_call_timeout);
       auto change = watch.reform(
           {"node 0 was lost before it served the workers' store", {0}, "agent exited"});
-      renew_lease();
+      renew_presence();
       state_->rejoin(round, round.attempt, change.lost);
     }
   }
@@ -409,15 +274,10 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   // store at the endpoint), group rank 0 publishes liveness.
   const bool any_host = std::any_of(round.nodes.begin(), round.nodes.end(),
                                     [](const NodeInfo& n) { return n.hosts_endpoint; });
-  info.store_host = any_host ? server_ != nullptr : round.group_rank == 0;
+  info.store_host = any_host ? coord_->hosts_endpoint() : round.group_rank == 0;
 
   info.store_endpoint = endpoint_;
-  // etcd fails over between its members: only read_timeout without an answer
-  // ends the job.
-  if (!options_.etcd_endpoints.empty()) {
-    info.store_grace = options_.read_timeout;
-    info.liveness_window = lease_ttl_ + options_.read_timeout;
-  }
+  coord_->set_tolerance(info);
 
   hold_presence(round, info);
   watch_membership(round, workers, info);
@@ -429,13 +289,9 @@ C10dHandler::WorkersStore C10dHandler::publish_workers_store(const C10dRound& ro
   auto log = get_logger("rdzv");
   // Towards the agents' store (the endpoint, or the first etcd member): the
   // route that gives the workers' store its address.
-  std::string addr = strip_brackets(options_.endpoint_host);
-  int port = options_.endpoint_port;
-  if (!options_.etcd_endpoints.empty()) {
-    const Endpoint first = parse_endpoint(options_.etcd_endpoints.front(), 2379);
-    addr = first.host;
-    port = first.port;
-  }
+  const Endpoint towards = coord_->route_target();
+  const std::string& addr = towards.host;
+  const int port = towards.port;
   // The round's workers' store, on group rank 0.
   const std::string workers_key =
       C10dState::round_key(round.generation, round.round, "workers_store");
@@ -553,9 +409,9 @@ void C10dHandler::watch_membership(const C10dRound& round, const WorkersStore& w
   auto watcher = std::make_shared<Watcher>();
   C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
                         options_.entrypoint};
-  // etcd: a lost agent's presence goes when its lease expires, seconds
-  // later; rank 0's death shows at once as its workers' store closing.
-  const bool probe_rank0 = etcd_client_ != nullptr && round.group_rank != 0;
+  // Where presence goes only seconds after a loss (etcd), rank 0's death
+  // shows at once as its workers' store closing.
+  const bool probe_rank0 = coord_->probes_rank0() && round.group_rank != 0;
   auto call = [watcher, open = open_background_, prefix = job_prefix_, settings, round,
                lct = options_.last_call_timeout, probe_rank0, workers_addr,
                workers_port](auto&& fn) {
@@ -584,69 +440,11 @@ void C10dHandler::watch_membership(const C10dRound& round, const WorkersStore& w
   auto full_check = [call](int attempt) {
     return call([attempt](C10dRoundWatch& w) { return w.check(attempt); });
   };
-  if (!etcd_client_) {
-    info.check_membership = full_check;
-  } else {
-    // etcd: membership is learned from a watch on the generation's keys,
-    // not by polling. A full check (a few reads) runs when a change
-    // arrives, when rank 0's store closed, once more when an admission
-    // becomes due (last_call_timeout after the round formed, if a change
-    // came before), and every kSafetyCheck (a member that hangs without
-    // closing the watch's stream shows nothing).
-    struct Events {
-      std::unique_ptr<etcd::Watch> watch;
-      bool dirty = true;
-      std::optional<Clock::time_point> recheck_at;
-      Clock::time_point last_full{};
-    };
-    auto events = std::make_shared<Events>();
-    const std::string watched = options_.etcd_prefix + "/" + job_prefix_ + "/g" +
-                                std::to_string(round.generation) + "/rdzv/";
-    const auto admission_due = Clock::now() + options_.last_call_timeout;
-    info.check_membership = [full_check, events, watcher, client = etcd_client_, watched,
-                             admission_due](int attempt) -> std::optional<MembershipChange> {
-      constexpr auto kSafetyCheck = milliseconds(5'000);
-      constexpr int kMaxDrained = 10'000;
-      auto& ev = *events;
-      if (ev.watch) {
-        try {
-          for (int i = 0; i < kMaxDrained; ++i) {
-            if (!ev.watch->next(Clock::now() + milliseconds(5))) break;
-            ev.dirty = true;
-          }
-        } catch (const Error& e) {
-          // Compacted, or no member took the stream back: read everything
-          // again and watch anew.
-          get_logger("rdzv")->debug("membership watch on {} ended: {}", watched, e.what());
-          ev.watch.reset();
-          ev.dirty = true;
-        }
-      }
-      const auto now = Clock::now();
-      bool rank0_closed = false;
-      {
-        std::lock_guard<std::mutex> lock(watcher->mutex);
-        rank0_closed = watcher->rank0 && watcher->rank0->gone();
-      }
-      const bool due = ev.recheck_at && now >= *ev.recheck_at;
-      if (ev.watch && !ev.dirty && !due && !rank0_closed && now - ev.last_full < kSafetyCheck) {
-        return std::nullopt;
-      }
-      // Watch from before the reads, so that no change after them is missed.
-      std::int64_t revision = 0;
-      if (!ev.watch) revision = client->range_prefix(watched + "watch-start").revision;
-      auto change = full_check(attempt);
-      if (ev.dirty && now < admission_due) {
-        ev.recheck_at = admission_due;
-      } else if (due) {
-        ev.recheck_at.reset();
-      }
-      ev.dirty = false;
-      ev.last_full = now;
-      if (!change && !ev.watch) ev.watch = client->watch(watched, revision + 1, true);
-      return change;
-    };
-  }
+  auto rank0_gone = [watcher] {
+    std::lock_guard<std::mutex> lock(watcher->mutex);
+    return watcher->rank0 && watcher->rank0->gone();
+  };
+  info.check_membership = coord_->membership_check(round, full_check, rank0_gone);
   info.reform = [call](const MembershipChange& change) {
     return call([&](C10dRoundWatch& w) { return w.reform(change); });
   };
@@ -666,31 +464,9 @@ void C10dHandler::set_up_ending(const C10dRound& round, RendezvousInfo& info) {
     }
     return finishing;
   };
-  const bool hosts_endpoint = server_ != nullptr;
+  const bool hosts_endpoint = coord_->hosts_endpoint();
   const auto linger = std::min(options_.close_timeout, milliseconds(3'000));
-  if (etcd_client_) {
-    // Everything under <etcd_prefix>/<id>/ goes but the closed marker, which
-    // moves to generation 0 on a lease of join_timeout: within it a node of
-    // this id is refused, after it the prefix is empty.
-    info.tidy = [client = etcd_client_, root = options_.etcd_prefix + "/" + options_.run_id + "/",
-                 closed = C10dState::closed_key(round.generation),
-                 window = options_.closed_window.value_or(options_.join_timeout)] {
-      auto rlog = get_logger("rdzv");
-      try {
-        auto marker = client->get(root + closed);
-        client->delete_prefix(root);
-        if (!marker) return;
-        auto ttl =
-            std::chrono::duration_cast<std::chrono::seconds>(window) + std::chrono::seconds(1);
-        auto lease = client->lease_grant(ttl);
-        client->put(root + C10dState::closed_key(0), marker->value, lease.id);
-        rlog->debug("rendezvous keys under {} removed; the closed marker stays for {}", root,
-                    format_duration(window));
-      } catch (const Error& e) {
-        rlog->warn("could not remove the rendezvous keys under {} from etcd: {}", root, e.what());
-      }
-    };
-  }
+  info.tidy = coord_->tidy(round);
   info.close = [state, hosts_endpoint, linger,
                 run_id = options_.run_id](const std::string& outcome) {
     int waiting = state->close(outcome);

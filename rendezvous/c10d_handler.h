@@ -1,11 +1,14 @@
 #pragma once
 
-// C10dHandler: torchrun's `--rdzv_backend=c10d`. Every node is started with
-// the same --rdzv_endpoint=HOST[:PORT] and --rdzv_id; the rendezvous assigns
-// group ranks by arrival (C10dState, rendezvous/c10d_state.h, documents the
-// keys and transitions).
+// C10dHandler: torchrun's `--rdzv_backend=c10d`, and ours, etcd-v3. Every
+// node is started with the same --rdzv_endpoint=HOST[:PORT] (etcd-v3: the
+// cluster's members) and --rdzv_id; the rendezvous assigns group ranks by
+// arrival (C10dState, rendezvous/c10d_state.h, documents the keys and
+// transitions). Where the state lives and how presence is held is the
+// Coordination's (rendezvous/coordination.h): the handler runs the same
+// rounds over either.
 //
-// The endpoint's store: with is_host unset, an agent whose host owns the
+// The endpoint's store (TcpCoordination): with is_host unset, an agent whose host owns the
 // endpoint address (rendezvous/endpoint.h's bind_address_for) tries to
 // bind it; when another agent on this host already did, or the address is
 // not this host's, it connects as a client. is_host=1 makes a failed bind an
@@ -51,56 +54,14 @@
 #include <string>
 #include <vector>
 
-#include "etcd/client.h"
-#include "etcd/etcd_store.h"
+#include "rendezvous/c10d_options.h"
 #include "rendezvous/c10d_state.h"
+#include "rendezvous/coordination.h"
 #include "rendezvous/handler.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 
 namespace ctorchrun::rendezvous {
-
-struct C10dOptions {
-  std::string endpoint_host = "127.0.0.1";  // brackets of an IPv6 literal allowed
-  int endpoint_port = 29400;
-  std::string run_id = "none";
-  int min_nodes = 1;
-  int max_nodes = 1;
-  int max_restarts = 0;
-  std::string entrypoint;
-  int local_world_size = 1;
-  std::string host;            // this node's name as announced to others
-  std::string advertise_addr;  // where workers reach the workers' store; empty: found
-  std::optional<bool> is_host;
-  std::chrono::milliseconds join_timeout{600'000};
-  std::chrono::milliseconds last_call_timeout{30'000};
-  std::chrono::milliseconds read_timeout{60'000};
-  // Bounds closing the rendezvous at the job's end: the endpoint's host waits
-  // at most this long (and at most 3 s) for waiting nodes to learn the end.
-  std::chrono::milliseconds close_timeout{30'000};
-  // Connect and request timeout of the agent's background connections (its
-  // monitor): short, so that an unreachable endpoint shows within the
-  // liveness bound.
-  std::chrono::milliseconds monitor_timeout{3'000};
-  // --rdzv_backend=etcd-v3: the agents' state lives in this etcd cluster
-  // ("host:port" members; any that answers serves), under etcd_prefix/<id>;
-  // empty: the TCP store at endpoint_host:endpoint_port.
-  std::vector<std::string> etcd_endpoints;
-  std::string etcd_prefix = "/ctorchrun";
-  // etcd: TLS with the members (every client this handler makes).
-  etcd::EtcdTls etcd_tls;
-  // etcd: the TTL of the lease that holds this agent's presence
-  // (keep_alive_interval x keep_alive_max_attempt, at least 2 s).
-  std::chrono::milliseconds presence_ttl{15'000};
-  // Longest wait between two looks at the rendezvous (the store wakes the
-  // waits on the keys that matter; this bounds how soon an end is seen).
-  std::chrono::milliseconds poll_interval{1'000};
-  // How long after a job's end a node of the same id is refused.
-  // Unset: join_timeout.
-  std::optional<std::chrono::milliseconds> closed_window;
-  std::chrono::milliseconds wait_log_interval{30'000};
-  store::ServerOptions server;  // limits of the hosted store (host, port set here)
-};
 
 class C10dHandler : public Handler {
  public:
@@ -110,16 +71,16 @@ class C10dHandler : public Handler {
   RendezvousInfo next_rendezvous() override;
   RendezvousInfo next_round(const MembershipChange& change, int attempt) override;
   const std::string& run_id() const override { return options_.run_id; }
-  // etcd-v3: revokes this agent's presence lease (its keys go now).
+  // This agent's presence goes now (etcd-v3: its lease is revoked).
   void abandon() noexcept override;
 
   // True when this agent hosts the endpoint's store (after next_rendezvous).
-  bool hosts_endpoint() const { return server_ != nullptr; }
+  bool hosts_endpoint() const { return coord_ && coord_->hosts_endpoint(); }
 
  private:
-  void host_endpoint_if_ours();
-  void open_tcp_store();
-  void open_etcd_store();
+  // Presence this node lost (an etcd lease that expired or was revoked) is
+  // bound anew before it enters a round again.
+  void renew_presence();
   // Polls the state machine until this node is in a complete round, then
   // sets up that round's workers' store.
   RendezvousInfo form();
@@ -149,24 +110,14 @@ class C10dHandler : public Handler {
   void set_up_ending(const C10dRound& round, RendezvousInfo& info);
 
   C10dOptions options_;
-  std::string endpoint_;  // "host:port", for messages
+  // Where the agents coordinate (the endpoint's TCP store, or etcd), and
+  // what it gives: the agents' store and further connections to it under a
+  // prefix, for threads of their own.
+  std::unique_ptr<Coordination> coord_;
+  std::string endpoint_;  // coord_->describe(), for messages
   std::string job_prefix_;
-  // The agents' store (the endpoint's TCP store, or etcd under etcd_prefix)
-  // and how to open another connection to it, under a prefix, for a thread
-  // of its own.
   std::shared_ptr<store::Store> conn_;
-  std::function<std::shared_ptr<store::Store>(const std::string& prefix,
-                                              std::chrono::milliseconds timeout)>
-      open_background_;
-  std::shared_ptr<etcd::EtcdClient> etcd_client_;  // etcd-v3 only
-  // etcd-v3: the store whose keys live on this agent's lease (presence_
-  // wraps it), and the lease's TTL.
-  std::shared_ptr<etcd::EtcdStore> etcd_presence_;
-  std::chrono::milliseconds lease_ttl_{0};
-  // etcd-v3: when the lease expired (this agent was silent for its TTL: a
-  // pause, a cut), the others have dropped this node; binds a new lease so
-  // that it can come back as a newcomer. No-op otherwise.
-  void renew_lease();
+  OpenStore open_background_;
   std::shared_ptr<store::Store> job_;
   std::unique_ptr<C10dState> state_;
   std::optional<C10dRound> round_;
@@ -174,7 +125,6 @@ class C10dHandler : public Handler {
   // with it) and the key it holds there.
   std::shared_ptr<store::Store> presence_;
   std::string presence_key_;
-  std::unique_ptr<store::TcpStoreServer> server_;          // the endpoint's store
   std::unique_ptr<store::TcpStoreServer> workers_server_;  // this round's, on group rank 0
 };
 

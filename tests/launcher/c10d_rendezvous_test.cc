@@ -35,8 +35,9 @@ TEST_CASE("c10d: --rdzv_backend=c10d takes the endpoint, torchrun's default port
                   "train.py"});
   REQUIRE(r.kind == ParseOutcome::Kind::kRun);
   CHECK(r.config.rdzv_backend == "c10d");
-  CHECK(r.config.master_addr == "host0");
-  CHECK(r.config.master_port == 29400);
+  CHECK(r.config.rdzv_endpoint_host == "host0");
+  CHECK(r.config.rdzv_endpoint_port == 29400);
+  CHECK(r.config.master_addr.empty());  // the rendezvous chooses the workers' store
   CHECK(r.config.min_nodes == 1);
   CHECK(r.config.max_nodes == 4);
   CHECK(r.config.run_id == "job7");
@@ -44,8 +45,8 @@ TEST_CASE("c10d: --rdzv_backend=c10d takes the endpoint, torchrun's default port
 
   r = parse({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=[::1]:1234", "train.py"});
   REQUIRE(r.kind == ParseOutcome::Kind::kRun);
-  CHECK(r.config.master_addr == "::1");
-  CHECK(r.config.master_port == 1234);
+  CHECK(r.config.rdzv_endpoint_host == "::1");
+  CHECK(r.config.rdzv_endpoint_port == 1234);
   CHECK(r.config.min_nodes == 2);
   CHECK(r.config.max_nodes == 2);
 
@@ -74,8 +75,9 @@ TEST_CASE(
                   "--master_port=9", "s.py"});
   REQUIRE(r.kind == ParseOutcome::Kind::kRun);
   CHECK(r.config.node_rank == 0);
-  CHECK(r.config.master_addr == "h");
-  CHECK(r.config.master_port == 5);
+  CHECK(r.config.rdzv_endpoint_host == "h");
+  CHECK(r.config.rdzv_endpoint_port == 5);
+  CHECK(r.config.master_addr.empty());
   REQUIRE(r.notices.size() == 3);
   CHECK(r.notices[0].rfind("--node_rank is ignored", 0) == 0);  // as the user spelled it
   for (const auto& n : r.notices) {
