@@ -25,12 +25,17 @@ JobMonitor::JobMonitor(std::function<std::shared_ptr<store::Store>()> connect,
 }
 
 JobMonitor::~JobMonitor() {
+  std::shared_ptr<store::Store> conn;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stop = true;
+    conn = state_->conn;
   }
   state_->stop_cv.notify_all();
-  // Bounded: each store call of the thread has a timeout of a few seconds.
+  // Every job's exit passes here: the thread's wait on the failure key ends
+  // now, not at its slice's end. Bounded anyway: each store call of the
+  // thread has a timeout of a few seconds.
+  if (conn) conn->interrupt();
   thread_.join();
 }
 
@@ -177,6 +182,9 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
         // A request that gets no answer within a heartbeat interval (2 s at
         // most) fails: an unreachable store shows within the liveness bound.
         store->set_timeout(std::clamp<std::chrono::milliseconds>(o.keep_alive_interval, 500ms, 2s));
+        std::lock_guard<std::mutex> lock(st->mutex);
+        if (st->stop) return;
+        st->conn = store;
       }
       auto now = o.now();
       if (now >= next_beat) {
@@ -279,6 +287,11 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
       throw;
     } catch (const Error& e) {
       store.reset();
+      {
+        std::lock_guard<std::mutex> lock(st->mutex);
+        st->conn.reset();
+        if (st->stop) return;  // interrupted on purpose
+      }
       store_was_out = true;
       auto now = o.now();
       if (now - last_answer >= o.store_grace && !st->store_lost) {

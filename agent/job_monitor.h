@@ -61,7 +61,9 @@ class JobMonitor {
  public:
   JobMonitor(std::function<std::shared_ptr<store::Store>()> connect, MonitorOptions options,
              std::function<void()> notify);
-  ~JobMonitor();  // stops and joins the thread; notify is never called afterwards
+  // Stops and joins the thread at once (a store call it is blocked in is
+  // interrupted); notify is never called afterwards.
+  ~JobMonitor();
 
   void watch_attempt(int attempt);
   // The failure record of `attempt`, once its key has been seen.
@@ -93,6 +95,9 @@ class JobMonitor {
     mutable std::mutex mutex;
     std::condition_variable stop_cv;
     bool stop = false;
+    // The thread's store connection: the destructor interrupts a call
+    // blocked on it, so that stopping never waits out a poll slice.
+    std::shared_ptr<store::Store> conn;
     std::vector<std::pair<int, FailureRecord>> failures;
     std::string store_error;
     std::vector<int> dead;

@@ -4,7 +4,9 @@
     /usr/bin/python3 bench/launch_bench.py [--runs N] [--nproc 4] [--torchrun-python PY]
 
 1. launch: wall time of `LAUNCHER --nproc_per_node=4 --no_python /bin/true`,
-   end to end (start of the command to its exit), N runs each, alternating.
+   end to end (start of the command to its exit), N runs each, alternating
+   with the floor: `sh -c '/bin/true & ... & wait'` (a shell spawning the same
+   4 processes and waiting for them), measured in the same loop.
 2. restart: with build/bin/stamp_worker, rank 1 fails at once in attempt 0;
    measured from the failing worker's exit stamp to the start of the last
    replacement worker of attempt 1 (and the whole job's wall time).
@@ -75,9 +77,12 @@ def main():
                              capture_output=True, text=True).stdout.strip()
     names = ["ctorchrun", "torchrun"]
     launch = {n: [] for n in names}
+    floor = []
+    floor_cmd = ["/bin/sh", "-c", " & ".join(["/bin/true"] * a.nproc) + " & wait"]
     restart = {n: [] for n in names}
     restart_job = {n: [] for n in names}
     for _ in range(a.runs):
+        floor.append(run(floor_cmd))
         for n in names:
             launch[n].append(run(launcher(n, torchrun) + ["--nproc_per_node", str(a.nproc), "--no_python", "/bin/true"]))
     for _ in range(max(3, a.runs // 2)):
@@ -108,7 +113,11 @@ def main():
     print(f"| whole fail -> restart -> success job, wall | "
           f"{med['restart_job']['ctorchrun']*1e3:.1f} ms | {med['restart_job']['torchrun']*1e3:.0f} ms | "
           f"{med['restart_job']['torchrun']/med['restart_job']['ctorchrun']:.0f}x |")
+    fl = statistics.median(floor)
+    print(f"| floor: `sh` spawning {a.nproc} `/bin/true` and waiting, wall | {fl*1e3:.1f} ms | | "
+          f"ctorchrun / floor: {med['launch']['ctorchrun']/fl:.1f}x |")
     print()
+    print("raw floor ms:", [round(x * 1e3, 1) for x in floor])
     print("raw launch ms:", {n: [round(x * 1e3, 1) for x in launch[n]] for n in names})
     print("raw restart ms:", {n: [round(x, 1) for x in restart[n]] for n in names})
 

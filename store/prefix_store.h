@@ -38,6 +38,7 @@ class PrefixStore : public Store {
   std::vector<std::string> tally_entries(const std::string& key) override {
     return store_->tally_entries(join(key));
   }
+  void interrupt() noexcept override { store_->interrupt(); }
 
   const std::string& prefix() const { return prefix_; }
   // The key the wrapped store sees for `key`.

@@ -106,6 +106,13 @@ class Store {
   // The non-empty entries enrolled, in no promised order.
   virtual std::vector<std::string> tally_entries(const std::string& key) = 0;
 
+  // Called from another thread: a call blocked on this store (a wait, say)
+  // returns at once with an Error, and every later call fails too; for a
+  // thread that must stop now rather than at its call's timeout. The caller
+  // keeps the store alive meanwhile. Default: nothing (calls end at their
+  // timeouts); TcpStore shuts its connection down.
+  virtual void interrupt() noexcept {}
+
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 

@@ -131,6 +131,8 @@ class TcpStore::Conn {
     }
   }
 
+  int fd() const { return fd_; }
+
   uint8_t read_u8(Clock::time_point deadline) {
     char c;
     read_exact(&c, 1, deadline);
@@ -181,7 +183,17 @@ std::string TcpStore::where() const {
   return "store " + options_.host + ":" + std::to_string(options_.port);
 }
 
-void TcpStore::drop_connection() { conn_.reset(); }
+void TcpStore::drop_connection() {
+  std::lock_guard<std::mutex> lock(fd_mutex_);
+  live_fd_ = -1;
+  conn_.reset();
+}
+
+void TcpStore::interrupt() noexcept {
+  std::lock_guard<std::mutex> lock(fd_mutex_);
+  interrupted_ = true;
+  if (live_fd_ >= 0) ::shutdown(live_fd_, SHUT_RDWR);
+}
 
 void TcpStore::ensure_connected(Clock::time_point deadline) {
   if (!conn_) connect_and_settle(deadline);
@@ -192,6 +204,10 @@ void TcpStore::connect_and_settle(Clock::time_point deadline) {
   std::string last_error;
   const auto start = Clock::now();
   for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(fd_mutex_);
+      if (interrupted_) throw IoError("the connection to " + where() + " was interrupted");
+    }
     try {
       auto conn = std::make_unique<Conn>(options_.host, options_.port, deadline);
       Dialect want = dialect_;
@@ -221,7 +237,12 @@ void TcpStore::connect_and_settle(Clock::time_point deadline) {
       } else {
         dialect_ = Dialect::kV113;
       }
-      conn_ = std::move(conn);
+      {
+        std::lock_guard<std::mutex> lock(fd_mutex_);
+        if (interrupted_) throw IoError("the connection to " + where() + " was interrupted");
+        live_fd_ = conn->fd();
+        conn_ = std::move(conn);
+      }
       if (bind_keys_) send_bind_keys(deadline);
       return;
     } catch (const NotSupportedError&) {

@@ -95,6 +95,10 @@ class TcpStore : public Store {
     return portable_tally::entries(*this, key);
   }
 
+  // Shuts the connection down: a call blocked on it fails at once with
+  // IoError, and so does every later call (no reconnection).
+  void interrupt() noexcept override;
+
   // Keys that start with '/', without it (torch's list_keys). v2 servers only.
   std::vector<std::string> list_keys();
 
@@ -138,6 +142,11 @@ class TcpStore : public Store {
   std::unique_ptr<Conn> conn_;
   bool bind_keys_ = false;  // re-bind on every new connection
   std::mutex mutex_;
+  // interrupt() from another thread: the live connection's socket, swapped
+  // and closed only under fd_mutex_ (never the mutex_ a blocked call holds).
+  std::mutex fd_mutex_;
+  int live_fd_ = -1;
+  bool interrupted_ = false;
 };
 
 }  // namespace ctorchrun::store

@@ -1,16 +1,20 @@
 // JobMonitor against an in-memory store, with intervals of milliseconds and
 // a fault-injecting store in between: liveness, the published view, failure
-// records, a lost store. No sockets, no sleeping through real timeouts.
+// records, a lost store. No sleeping through real timeouts; one case stops a
+// monitor blocked on a real TCP store's wait.
 
 #include "agent/job_monitor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <functional>
 #include <thread>
 
 #include "agent/protocol.h"
 #include "store/hash_store.h"
+#include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
 #include "tests/support/fault_store.h"
 
 using namespace ctorchrun;
@@ -162,4 +166,36 @@ TEST_CASE("job monitor: the view goes stale when the host stops publishing", "[u
   REQUIRE(eventually([&] { return n1.monitor->liveness_known(); }));
   host.reset();
   CHECK(eventually([&] { return !n1.monitor->liveness_known(); }));
+}
+
+TEST_CASE(
+    "job monitor: stopping it interrupts the store wait its thread is blocked in instead of "
+    "waiting out the slice",
+    "[net]") {
+  // Every job's exit destroys the monitor: its thread waits on the failure
+  // key in slices (failure_poll), and the exit must not wait one out.
+  store::ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  auto server = store::TcpStoreServer::start(so);
+  store::TcpStoreOptions co;
+  co.host = "127.0.0.1";
+  co.port = server->port();
+  auto o = options(1, 2);
+  o.keep_alive_interval = 60s;
+  o.failure_poll = 60s;  // one wait would outlast the test's bound
+  std::atomic<int> connects{0};
+  auto monitor = std::make_unique<agent::JobMonitor>(
+      [&] {
+        ++connects;
+        return std::make_shared<store::TcpStore>(co);
+      },
+      o, [] {});
+  // The thread beats, looks for the liveness view, then waits on the failure key.
+  REQUIRE(eventually([&] { return store::TcpStore(co).check({agent::keys::alive(1)}); }));
+  std::this_thread::sleep_for(100ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  monitor.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+  CHECK(connects == 1);
 }

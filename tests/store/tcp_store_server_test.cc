@@ -2,6 +2,7 @@
 
 #include "store/tcp_store_server.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <thread>
@@ -270,4 +271,34 @@ TEST_CASE("TcpStoreServer: a waiter that disconnects leaves no registration behi
     std::this_thread::sleep_for(10ms);
   }
   CHECK(server->stats().open_connections == 1);
+}
+
+TEST_CASE(
+    "TcpStore: interrupt() from another thread ends a wait blocked on the connection at once, "
+    "and every later call fails",
+    "[net]") {
+  auto server = local_server();
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = server->port();
+  auto client = std::make_shared<TcpStore>(o);
+  client->set("k", "v");
+  std::atomic<bool> failed{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread waiter([&] {
+    try {
+      client->wait({"never"}, 60s);  // a wait that nothing ends but interrupt()
+    } catch (const IoError&) {
+      failed = true;
+    }
+  });
+  std::this_thread::sleep_for(100ms);  // let it block in the wait
+  client->interrupt();
+  waiter.join();
+  CHECK(failed);
+  // Well within the wait's 60 s: it was cut short, not waited out.
+  CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+  CHECK_THROWS_AS(client->get("k"), IoError);  // no reconnection
+  // The server keeps serving others.
+  CHECK(TcpStore(o).get("k") == "v");
 }
