@@ -1,6 +1,7 @@
-// A store on several addresses of one port (ServerOptions::also_hosts), such
-// as both loopback addresses, bound all or nothing, and the IPv6 wildcard
-// serving IPv4 clients too.
+// A store for an endpoint that people spell several ways: the loopback as
+// 127.0.0.1, localhost or [::1] is one store on both address families
+// (rendezvous/endpoint.h's bind_addresses_for, ServerOptions::also_hosts),
+// bound all or nothing, and the IPv6 wildcard serves IPv4 clients too.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "rendezvous/endpoint.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 
@@ -99,11 +101,92 @@ std::unique_ptr<TcpStoreServer> serve(const std::vector<std::string>& hosts, uin
   return TcpStoreServer::start(o);
 }
 
+// The store a rendezvous endpoint spelled `spelling` gets on this host.
+std::unique_ptr<TcpStoreServer> serve_endpoint(const std::string& spelling, uint16_t port) {
+  return serve(rendezvous::bind_addresses_for(spelling), port);
+}
+
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
+const std::vector<std::string> kLoopbackSpellings = {"127.0.0.1", "localhost", "::1"};
+
 }  // namespace
+
+TEST_CASE(
+    "bind_addresses_for: the loopback spelled any way binds 127.0.0.1, then ::1 where present",
+    "[unit]") {
+  const std::vector<std::string> both = has_v6_loopback()
+                                            ? std::vector<std::string>{"127.0.0.1", "::1"}
+                                            : std::vector<std::string>{"127.0.0.1"};
+  CHECK(rendezvous::bind_addresses_for("127.0.0.1") == both);
+  CHECK(rendezvous::bind_addresses_for("localhost") == both);
+  if (has_v6_loopback()) CHECK(rendezvous::bind_addresses_for("::1") == both);
+  // Another 127.x literal is an address of its own.
+  CHECK(rendezvous::bind_addresses_for("127.0.1.1") == std::vector<std::string>{"127.0.1.1"});
+  CHECK_THROWS_AS(rendezvous::bind_addresses_for("192.0.2.1"), IoError);  // TEST-NET-1
+  CHECK_THROWS_AS(rendezvous::bind_addresses_for("no-such-host.invalid"), IoError);
+}
+
+TEST_CASE("bind_addresses_for: a wildcard is the dual-stack :: where this host has IPv6",
+          "[unit]") {
+  // A wildcard is what any local address that is not a loopback literal or
+  // "localhost" gets; "::" and "0.0.0.0" themselves are such addresses.
+  const bool v6 = has_v6_loopback();
+  CHECK(rendezvous::bind_addresses_for("0.0.0.0") ==
+        std::vector<std::string>{v6 ? "::" : "0.0.0.0"});
+  if (v6) CHECK(rendezvous::bind_addresses_for("::") == std::vector<std::string>{"::"});
+}
+
+TEST_CASE("TcpStoreServer: a loopback endpoint's store serves 127.0.0.1 and ::1, one key space",
+          "[net]") {
+  if (!has_v6_loopback()) {
+    WARN("this host has no ::1: nothing to share between families");
+    return;
+  }
+  for (const auto& spelling : kLoopbackSpellings) {
+    INFO("endpoint spelled " << spelling);
+    auto server = serve_endpoint(spelling, 0);
+    CHECK(server->hosts() == std::vector<std::string>{"127.0.0.1", "::1"});
+    CHECK(server->host() == "127.0.0.1");
+    const uint16_t port = server->port();
+    REQUIRE(port != 0);
+    auto v4 = client("127.0.0.1", port);
+    auto v6 = client("::1", port);
+    v4->set("spelling", spelling);
+    CHECK(v6->get("spelling") == spelling);
+    CHECK(v6->add("count", 1) == 1);
+    CHECK(v4->add("count", 1) == 2);
+    CHECK(server->stats().keys == 2);
+  }
+}
+
+TEST_CASE("TcpStoreServer: no spelling of the loopback binds a second store on a port in use",
+          "[net]") {
+  if (!has_v6_loopback()) {
+    WARN("this host has no ::1");
+    return;
+  }
+  for (const auto& first : kLoopbackSpellings) {
+    for (const auto& second : kLoopbackSpellings) {
+      INFO("first " << first << ", then " << second);
+      auto server = serve_endpoint(first, 0);
+      const uint16_t port = server->port();
+      try {
+        serve_endpoint(second, port);
+        FAIL("a second store bound port " << port);
+      } catch (const IoError& e) {
+        // The first address decides: the loser never held ::1.
+        CHECK(contains(e.what(), "127.0.0.1:" + std::to_string(port)));
+      }
+      // The first store still serves both families.
+      auto v6 = client("::1", port);
+      v6->set("k", "v");
+      CHECK(client("127.0.0.1", port)->get("k") == "v");
+    }
+  }
+}
 
 TEST_CASE("TcpStoreServer: binding is all or nothing: an address taken releases the others",
           "[net]") {
