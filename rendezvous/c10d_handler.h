@@ -8,12 +8,16 @@
 // Coordination's (rendezvous/coordination.h): the handler runs the same
 // rounds over either.
 //
-// The endpoint's store (TcpCoordination): with is_host unset, an agent whose host owns the
-// endpoint address (rendezvous/endpoint.h's bind_address_for) tries to
-// bind it; when another agent on this host already did, or the address is
-// not this host's, it connects as a client. is_host=1 makes a failed bind an
-// IoError; is_host=0 never binds. A standalone ctorch-store at the endpoint
-// serves as well (every agent is then a client).
+// The endpoint's store (TcpCoordination): with is_host unset, an agent
+// whose host owns the endpoint address tries to bind it on every address
+// family its spellings reach (rendezvous/endpoint.h's bind_addresses_for:
+// 127.0.0.1 and ::1 for localhost, 127.0.0.1 or [::1]; the dual-stack "::"
+// for another address of this host), all or none; when another agent on
+// this host already bound the first of them (whatever its spelling), or the
+// address is not this host's, it connects as a client, so every spelling
+// meets one store. is_host=1 makes a failed bind an IoError; is_host=0 never
+// binds. A standalone ctorch-store at the endpoint serves as well (every
+// agent is then a client).
 //
 // The agents' keys of a job live under "ctorchrun/<run_id>/" (rendezvous
 // state) and "ctorchrun/<run_id>/r<round>/" (agent/protocol.h's keys for the

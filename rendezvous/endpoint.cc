@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "common/deadline.h"
 #include "common/error.h"
@@ -46,6 +47,36 @@ bool is_local(const sockaddr* sa, socklen_t len) {
   if (sa->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(&copy)->sin_port = 0;
   if (sa->sa_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&copy)->sin6_port = 0;
   bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&copy), len) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// True when this host can bind the numeric address `literal`.
+bool bindable(const std::string& literal) {
+  sockaddr_in a4{};
+  a4.sin_family = AF_INET;
+  if (inet_pton(AF_INET, literal.c_str(), &a4.sin_addr) == 1) {
+    return is_local(reinterpret_cast<const sockaddr*>(&a4), sizeof a4);
+  }
+  sockaddr_in6 a6{};
+  a6.sin6_family = AF_INET6;
+  if (inet_pton(AF_INET6, literal.c_str(), &a6.sin6_addr) == 1) {
+    return is_local(reinterpret_cast<const sockaddr*>(&a6), sizeof a6);
+  }
+  return false;
+}
+
+// True when this host can bind the IPv6 wildcard with IPV6_V6ONLY off, so
+// that one socket serves both families.
+bool dual_stack_wildcard() {
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  int off = 0;
+  sockaddr_in6 a6{};
+  a6.sin6_family = AF_INET6;
+  a6.sin6_addr = in6addr_any;
+  bool ok = ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) == 0 &&
+            ::bind(fd, reinterpret_cast<sockaddr*>(&a6), sizeof a6) == 0;
   ::close(fd);
   return ok;
 }
@@ -135,6 +166,29 @@ std::string bind_address_for(const std::string& master_addr) {
                   "start node 0 on the machine that has it");
   }
   return found;
+}
+
+std::vector<std::string> bind_addresses_for(const std::string& addr) {
+  const std::string one = bind_address_for(addr);  // IoError: not resolvable, not this host
+  in_addr a4{};
+  in6_addr a6{};
+  const bool v4 = inet_pton(AF_INET, one.c_str(), &a4) == 1;
+  const bool v6 = !v4 && inet_pton(AF_INET6, one.c_str(), &a6) == 1;
+  if ((v4 && ntohl(a4.s_addr) == INADDR_LOOPBACK) || (v6 && IN6_IS_ADDR_LOOPBACK(&a6))) {
+    // IPv4 first, for every spelling: the first address decides which of
+    // several agents of this host hosts, so none can hold one family each.
+    std::vector<std::string> out;
+    for (const char* loop : {"127.0.0.1", "::1"}) {
+      if (bindable(loop)) out.push_back(loop);
+    }
+    if (out.empty()) out.push_back(one);  // it was bindable a moment ago
+    return out;
+  }
+  // Another 127.x literal is an address of its own, as before.
+  if (v4 && (ntohl(a4.s_addr) >> 24) == 127) return {one};
+  // A wildcard: the IPv6 one serves both families where the host has IPv6.
+  if (dual_stack_wildcard()) return {"::"};
+  return {one};
 }
 
 std::string format_endpoint(const std::string& addr, int port) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "store/tcp_store.h"
 
@@ -35,8 +36,24 @@ std::string strip_brackets(const std::string& addr);
 // removed): a loopback literal or "localhost" keeps it on that loopback
 // address, any other address of this host gets its family's wildcard (as
 // torch binds). Throws IoError naming the address when it does not resolve
-// or belongs to no interface of this host.
+// or belongs to no interface of this host. One family: for a store that
+// only `addr` reaches (the workers' store, whose address is published).
 std::string bind_address_for(const std::string& addr);
+
+// Where the store of an endpoint that people may spell several ways binds
+// (the rendezvous store; ServerOptions' host and also_hosts, in this order),
+// so that every spelling of one host meets one store, as with torch's store,
+// which binds both families:
+// - the loopback endpoint (127.0.0.1, ::1, "localhost"): 127.0.0.1, then
+//   ::1, each only where this host has it (IPv6 may be off). The same order
+//   for every spelling, so among agents of one host binding the same port
+//   the first address decides which one hosts: the others fail at it and
+//   connect to the one store. Another 127.x literal (127.0.1.1) is an
+//   address of its own and binds only itself, as bind_address_for.
+// - any other address of this host: "::" (dual-stack, serving IPv4 too)
+//   where this host has IPv6, else "0.0.0.0".
+// Throws IoError as bind_address_for.
+std::vector<std::string> bind_addresses_for(const std::string& addr);
 
 // A client of the store at addr:port (addr without brackets).
 std::shared_ptr<store::TcpStore> tcp_client(const std::string& addr, int port,

@@ -132,13 +132,19 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   std::string endpoint = format_endpoint(addr, port);
 
   if (options_.node_rank == 0 && !server_) {
+    // Both families of a loopback master_addr, so that nodes spelling it
+    // 127.0.0.1, [::1] or localhost all reach it.
+    const auto bind = bind_addresses_for(addr);  // IoError: not resolvable, not this host
     store::ServerOptions so = options_.server;
-    so.host = bind_address_for(addr);  // IoError: not resolvable, not this host
+    so.host = bind.front();
+    so.also_hosts.assign(bind.begin() + 1, bind.end());
     so.port = static_cast<uint16_t>(options_.master_port);
-    server_ = store::TcpStoreServer::start(so);  // IoError names the port
+    server_ = store::TcpStoreServer::start(so);  // IoError names the address and port
     port = server_->port();
     endpoint = format_endpoint(addr, port);
-    log->debug("hosting the job's store on {} port {}", so.host, port);
+    std::string where;
+    for (const auto& h : server_->hosts()) where += (where.empty() ? "" : " and ") + h;
+    log->debug("hosting the job's store on {} port {}", where, port);
   } else if (server_) {
     port = server_->port();
     endpoint = format_endpoint(addr, port);

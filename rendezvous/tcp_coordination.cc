@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/deadline.h"
 #include "common/error.h"
@@ -112,20 +113,26 @@ class TcpCoordination : public Coordination {
     if (server_ || options_.is_host == false) return;
     auto log = get_logger("rdzv");
     const std::string addr = strip_brackets(options_.endpoint_host);
-    std::string bind;
+    std::vector<std::string> bind;
     try {
-      bind = bind_address_for(addr);
+      // Every address family the endpoint's spellings reach (127.0.0.1 and
+      // ::1 for localhost), so that agents that spell it differently meet here.
+      bind = bind_addresses_for(addr);
     } catch (const IoError& e) {
       if (options_.is_host == true) throw;
       log->debug("not hosting the rendezvous endpoint: {}", e.what());
       return;
     }
     store::ServerOptions so = options_.server;
-    so.host = bind;
+    so.host = bind.front();
+    so.also_hosts.assign(bind.begin() + 1, bind.end());
     so.port = static_cast<uint16_t>(options_.endpoint_port);
     try {
+      // All or nothing: an agent of this host that holds any of them hosts.
       server_ = store::TcpStoreServer::start(so);
-      log->info("hosting the rendezvous store on {} port {}", so.host, server_->port());
+      std::string where;
+      for (const auto& h : server_->hosts()) where += (where.empty() ? "" : " and ") + h;
+      log->info("hosting the rendezvous store on {} port {}", where, server_->port());
     } catch (const IoError& e) {
       if (options_.is_host == true) throw;
       // Another agent of this host bound it first: it hosts, this one connects.

@@ -71,8 +71,7 @@ class Connection;
 // server thread only, so nothing here takes a lock.
 class TcpStoreServer::Impl {
  public:
-  explicit Impl(const ServerOptions& options)
-      : options_(options), log_(get_logger("store")), acceptor_(io_), retry_timer_(io_) {
+  explicit Impl(const ServerOptions& options) : options_(options), log_(get_logger("store")) {
     // Settled once here rather than per request by the parser.
     options_.limits.max_request_bytes = protocol::request_limit(options_.limits);
   }
@@ -118,11 +117,17 @@ class TcpStoreServer::Impl {
   // the reactor's per-descriptor locks are not needed (UNSAFE_IO). Scheduler
   // locking stays: other threads post() into it (run_sync, stop).
   asio::io_context io_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
-  Acceptor acceptor_;
-  asio::steady_timer retry_timer_;
+  // One per address served (all on one port), each with the timer that
+  // paces its retries after an accept error.
+  struct Listener {
+    explicit Listener(asio::io_context& io) : acceptor(io), retry_timer(io) {}
+    Acceptor acceptor;
+    asio::steady_timer retry_timer;
+  };
+  std::vector<std::unique_ptr<Listener>> listeners_;
   std::thread thread_;
   std::atomic<bool> stopped_{false};
-  std::string bound_host_;
+  std::vector<std::string> bound_hosts_;  // options_.host first
   uint16_t bound_port_ = 0;
 
   std::unordered_map<std::string, std::string> kv_;
@@ -147,7 +152,11 @@ class TcpStoreServer::Impl {
   uint64_t accept_errors_ = 0;
 
  private:
-  void do_accept();
+  // Resolves `host`, then opens, binds and listens on host:port; the error,
+  // if any, with `why` set to what failed.
+  boost::system::error_code listen_on(Listener& l, const std::string& host, uint16_t port,
+                                      std::string* why);
+  void do_accept(Listener& l);
   // Stores `value` (key may alias scratch_key_: nothing here reuses it).
   void store_value(const std::string& key, std::string value);
   // Deletes `key` if it exists (watchers see a deletion); true if it did.
@@ -178,7 +187,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       : server_(server), socket_(std::move(socket)), id_(id), in_(kInitialBuffer) {
     boost::system::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
-    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    // An IPv4 client of a dual-stack listener is logged as IPv4.
+    auto a = ep.address();
+    if (!ec && a.is_v6() && a.to_v6().is_v4_mapped()) {
+      a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+    }
+    peer_ = ec ? std::string("?") : a.to_string() + ":" + std::to_string(ep.port());
   }
 
   void start() { do_read(); }
@@ -358,35 +372,91 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 // ---------------------------------------------------------------------------
 
-void TcpStoreServer::Impl::bind_and_listen() {
-  const std::string where = options_.host + ":" + std::to_string(options_.port);
-  boost::system::error_code ec;
-  tcp::resolver resolver(io_);
-  auto results = resolver.resolve(options_.host, std::to_string(options_.port),
-                                  tcp::resolver::passive | tcp::resolver::numeric_service, ec);
-  if (ec || results.empty()) {
-    throw IoError("cannot bind the store server to " + where + ": cannot resolve host '" +
-                  options_.host + "': " + ec.message());
-  }
-  tcp::endpoint ep = results.begin()->endpoint();
-  acceptor_.open(ep.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(options_.listen_backlog, ec);
-  if (ec) {
-    throw IoError("cannot bind the store server to " + where + ": " + ec.message() +
-                  (ec == asio::error::address_in_use
-                       ? " (another process listens on that port; pick another: --master_port for "
-                         "ctorchrun, --port for ctorch-store)"
-                       : ""));
-  }
-  bound_host_ = options_.host;
-  bound_port_ = acceptor_.local_endpoint().port();
-  do_accept();
+namespace {
+
+// "host:port", "[v6]:port" for an IPv6 literal.
+std::string host_port(const std::string& host, uint16_t port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
 }
 
-void TcpStoreServer::Impl::do_accept() {
-  acceptor_.async_accept([this](const boost::system::error_code& ec, Socket socket) {
+// Attempts at a port picked by the kernel (port 0) whose number another
+// process holds on one of the further addresses.
+constexpr int kPickPortAttempts = 16;
+
+}  // namespace
+
+boost::system::error_code TcpStoreServer::Impl::listen_on(Listener& l, const std::string& host,
+                                                          uint16_t port, std::string* why) {
+  boost::system::error_code ec;
+  tcp::resolver resolver(io_);
+  auto results = resolver.resolve(host, std::to_string(port),
+                                  tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || results.empty()) {
+    if (!ec) ec = asio::error::host_not_found;
+    *why = "cannot resolve host '" + host + "': " + ec.message();
+    return ec;
+  }
+  tcp::endpoint ep = results.begin()->endpoint();
+  l.acceptor.open(ep.protocol(), ec);
+  // The IPv6 wildcard serves IPv4 clients too, whatever net.ipv6.bindv6only
+  // says, as torch's server does.
+  if (!ec && ep.address().is_v6() && ep.address().is_unspecified()) {
+    l.acceptor.set_option(asio::ip::v6_only(false), ec);
+  }
+  if (!ec) l.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) l.acceptor.bind(ep, ec);
+  if (!ec) l.acceptor.listen(options_.listen_backlog, ec);
+  if (ec) {
+    *why = ec.message() + (ec == asio::error::address_in_use
+                               ? " (another process listens on that port; pick another: "
+                                 "--master_port for ctorchrun, --port for ctorch-store)"
+                               : "");
+  }
+  return ec;
+}
+
+void TcpStoreServer::Impl::bind_and_listen() {
+  std::vector<std::string> hosts{options_.host};
+  for (const auto& h : options_.also_hosts) {
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  }
+  // All or nothing: an address that cannot be bound closes the others. With
+  // port 0 the first address picks the port and the others take the same; a
+  // port some other process holds on a further address is given up for a
+  // fresh one, a bounded number of times.
+  for (int attempt = 1;; ++attempt) {
+    uint16_t port = options_.port;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      auto l = std::make_unique<Listener>(io_);
+      std::string why;
+      const auto ec = listen_on(*l, hosts[i], port, &why);
+      if (ec) {
+        const std::string where = host_port(hosts[i], port);
+        listeners_.clear();  // closes what was bound
+        const bool retry = options_.port == 0 && i > 0 && ec == asio::error::address_in_use &&
+                           attempt < kPickPortAttempts;
+        if (retry) break;
+        throw IoError("cannot bind the store server to " + where + ": " + why +
+                      (options_.port == 0 && i > 0
+                           ? " (port " + std::to_string(port) + " picked on " + hosts[0] + ", " +
+                                 std::to_string(attempt) + " ports tried)"
+                           : ""));
+      }
+      if (i == 0) port = l->acceptor.local_endpoint().port();
+      listeners_.push_back(std::move(l));
+    }
+    if (listeners_.size() == hosts.size()) {
+      bound_port_ = port;
+      break;
+    }
+  }
+  bound_hosts_ = hosts;
+  for (auto& l : listeners_) do_accept(*l);
+}
+
+void TcpStoreServer::Impl::do_accept(Listener& l) {
+  l.acceptor.async_accept([this, &l](const boost::system::error_code& ec, Socket socket) {
     if (ec == asio::error::operation_aborted || stopped_) return;
     if (ec) {
       // Out of file descriptors and the like: back off briefly, keep serving.
@@ -394,9 +464,9 @@ void TcpStoreServer::Impl::do_accept() {
         log_->warn("accept failed on port {}: {} (open connections {}); retrying", bound_port_,
                    ec.message(), connections_.size());
       }
-      retry_timer_.expires_after(std::chrono::milliseconds(20));
-      retry_timer_.async_wait([this](const boost::system::error_code& tec) {
-        if (!tec) do_accept();
+      l.retry_timer.expires_after(std::chrono::milliseconds(20));
+      l.retry_timer.async_wait([this, &l](const boost::system::error_code& tec) {
+        if (!tec) do_accept(l);
       });
       return;
     }
@@ -416,7 +486,7 @@ void TcpStoreServer::Impl::do_accept() {
       ++stats_.accepted;
       c->start();
     }
-    do_accept();
+    do_accept(l);
   });
 }
 
@@ -440,8 +510,10 @@ void TcpStoreServer::Impl::stop() {
   if (thread_.joinable()) {
     asio::post(io_, [this] {
       boost::system::error_code ec;
-      acceptor_.close(ec);
-      retry_timer_.cancel();
+      for (auto& l : listeners_) {
+        l->acceptor.close(ec);
+        l->retry_timer.cancel();
+      }
       auto all = connections_;
       for (auto& c : all) c.second->close();
       io_.stop();
@@ -846,11 +918,14 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const ServerOptions& optio
   auto impl = std::make_unique<Impl>(options);
   impl->bind_and_listen();
   impl->run_thread();
-  impl->log_->debug("store server listening on {}:{}", impl->bound_host_, impl->bound_port_);
+  for (const auto& h : impl->bound_hosts_) {
+    impl->log_->debug("store server listening on {}", host_port(h, impl->bound_port_));
+  }
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
 }
 
-const std::string& TcpStoreServer::host() const { return impl_->bound_host_; }
+const std::string& TcpStoreServer::host() const { return impl_->bound_hosts_.front(); }
+const std::vector<std::string>& TcpStoreServer::hosts() const { return impl_->bound_hosts_; }
 uint16_t TcpStoreServer::port() const { return impl_->bound_port_; }
 
 void TcpStoreServer::stop() { impl_->stop(); }

@@ -48,8 +48,14 @@
 namespace ctorchrun::store {
 
 struct ServerOptions {
+  // The address to bind: a numeric address or a name (its first address).
+  // "::" is dual-stack (IPV6_V6ONLY is cleared): it serves IPv4 clients too.
   std::string host = "0.0.0.0";  // as torch binds
-  uint16_t port = 29500;         // 0 picks a free port; port() tells which
+  // Further addresses served on the same port as `host`, e.g. "::1" beside
+  // "127.0.0.1" so that both loopback spellings of one host reach this store
+  // (rendezvous/endpoint.h's bind_addresses_for). Bound in order after host.
+  std::vector<std::string> also_hosts;
+  uint16_t port = 29500;  // 0 picks a free port; port() tells which
   // Key, value, keys-per-request and whole-request limits (limits.max_request_bytes;
   // 0 picks the default, see protocol::request_limit). A request over one is
   // refused: the connection is closed, and the refusal counted and logged with
@@ -61,8 +67,12 @@ struct ServerOptions {
 
 class TcpStoreServer {
  public:
-  // Binds, listens and starts serving. Throws IoError naming host:port when
-  // the address cannot be bound (in use, not local, bad host).
+  // Binds host and every one of also_hosts on one port, listens and starts
+  // serving. All or nothing: when any address cannot be bound (in use, not
+  // local, bad host) what was bound is closed and IoError names that
+  // address:port. With port 0 host's bind picks the port and the others bind
+  // the same one; when a further address has that port taken, a fresh port
+  // is tried (16 in all) before the IoError.
   // Throws ConfigError when options.limits.max_request_bytes is set below
   // max_key_bytes + max_value_bytes (a SET of the largest key and value must fit).
   static std::unique_ptr<TcpStoreServer> start(const ServerOptions& options);
@@ -71,8 +81,9 @@ class TcpStoreServer {
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
-  const std::string& host() const;
-  uint16_t port() const;
+  const std::string& host() const;                // options.host
+  const std::vector<std::string>& hosts() const;  // host, then also_hosts
+  uint16_t port() const;                          // the one port of every address
 
   // Closes the listener and every connection and joins the server thread.
   // Idempotent.
