@@ -1,25 +1,90 @@
 #pragma once
 
-// The agents' cross-node protocol: every key the agents of one job keep in
-// its store, who writes it, who waits on it, and the order of events in an
-// attempt. store/protocol.h documents the wire below it.
+// The agents' cross-node protocol: the single contract between the agents of
+// one job. Every key they keep in a store, its value's schema, who writes it,
+// who waits on it, and the order of events in an attempt; with the headers it
+// names (store/protocol.h for the TCP wire and BIND_KEYS, store/store.h for
+// each operation's retry contract, rendezvous/c10d_state.h for the elastic
+// rendezvous' transitions) a compatible agent can be written from here.
 //
-// Namespaces (raw keys on the wire, see rendezvous/static_handler.h):
+// ## Stores and namespaces
+// Static (--rdzv_backend=static, --standalone): node 0 hosts one TCP store at
+// master_addr:master_port; raw keys on the wire:
 //   /ctorchrun/<key>            one job per store: its settings and admission
 //   /ctorchrun/<run_id>/<key>   the job's agents (the keys below)
 // Workers' keys (torch's "/worker/attempt_<k>/", "/default_pg/", ...) live
 // outside "/ctorchrun/" and are erased by the store host between attempts.
-// Under --rdzv_backend=c10d the endpoint's store (etcd-v3: etcd under
-// <etcd_prefix>/<run_id>/) holds, per run id and generation G of that id,
-//   /ctorchrun/<run_id>/generation             the generation in use
-//   /ctorchrun/<run_id>/g<G>/rdzv/...          the rendezvous
-//                                              (rendezvous/c10d_state.h: rounds,
-//                                              presence, the left tally, closing)
-//   /ctorchrun/<run_id>/g<G>/r<round>/<key>    the keys below, for that round
+// Elastic (c10d: the TCP store at --rdzv_endpoint, hosted by the agent whose
+// host owns that address on every loopback family it names, or a standalone
+// ctorch-store; etcd-v3: etcd under <etcd_prefix>/, default "/ctorchrun/"):
+// per run id and generation G of that id
+//   ctorchrun/<run_id>/generation             (etcd: <prefix><run_id>/generation)
+//                                             decimal, the generation in use
+//   ctorchrun/<run_id>/g<G>/rdzv/...          the rendezvous (below)
+//   ctorchrun/<run_id>/g<G>/r<round>/<key>    the keys below, for that round
 // and the workers use a store of their own that group rank 0 hosts each round
-// (it erases their keys between attempts). The "store host" below is then
-// the agent that hosts the endpoint's store (group rank 0 when a standalone
-// store serves the endpoint): it publishes liveness and leaves last.
+// (it erases their keys between attempts).
+//
+// ## The store host: who publishes liveness and leaves last
+// Static: node 0. c10d: the agent that hosts the endpoint's store (a roster
+// record with "he": true); when no member does (a standalone store at the
+// endpoint, or etcd-v3), group rank 0 of the round.
+//
+// ## Values, by key (all JSON unless said; a reader refuses anything else
+// with a ProtocolError naming the key, and range-checks every index)
+//   ctorchrun/job                 {"run_id": str, "nnodes": int,
+//                                 "max_restarts": int}               (static)
+//   nodes/<n>                     {"local_world_size": int >= 1,
+//                                 "max_restarts": int, "host": str,
+//                                 "pid": int}                        (static)
+//   g<G>/rdzv/settings            {"nnodes": "MIN:MAX", "max_restarts": int,
+//                                 "entrypoint": str}   first writer wins
+//   g<G>/rdzv/<R>/node/<slot>     {"lws": int, "host": str, "pid": int,
+//                                 "he": bool, "attempt": int}
+//   g<G>/rdzv/<R>/complete        {"members": [node record + "slot": str]},
+//                                 group-rank order; at most MAX members
+//   g<G>/rdzv/<R>/reform          {"reason": str, "lost": [group ranks],
+//                                 "cause": str}
+//   g<G>/rdzv/<R>/workers_store   {"addr": numeric address, "port": 1..65535}
+//                                 by group rank 0; the workers' MASTER_ADDR/PORT
+//   g<G>/rdzv/<R>/gate/<k>        "admit" | "finishing", first writer wins
+//   g<G>/rdzv/<R>/stopping/<g>    decimal ms: member g's stopping grace (bound)
+//   g<G>/rdzv/<R>/present/<g>     decimal pid: member g's presence (bound)
+//   g<G>/rdzv/<R>/done/<g>        "1": member g's workers succeeded (bound)
+//   g<G>/rdzv/closed              {"outcome": str, "round": int,
+//                                 "closed_at_ms": int, the closer's wall clock}
+//   liveness                      {"seq": int, "dead": [node], "gone": [node]}
+//   alive/<n>                     ADD counter
+//   attempt/<k>/failure           FailureRecord (agent/failure_summary.h):
+//                                 {"rank", "local_rank", "node_rank", "host",
+//                                 "pid", "signaled", "exit_code", "signal",
+//                                 "timestamp", "noticed_ns", "error_file",
+//                                 "message", "attempt"}; first writer wins
+//   gone/<n>, attempt/<k>/{all_done,all_stopped,clean}   "1"
+//
+// ## Tallies (store/store.h), the wire form of every set and counter that
+// many nodes enrol in at once (joined, entered, rejoined, left, closed_seen,
+// attempt/<k>/finished, attempt/<k>/stopped): on a TCP store, APPEND of
+// "<entry>," to the key, then ADD 1 to key + "#count" (the count is the place);
+// on etcd, one key per enrolment under key + "#tally/", counted in the same
+// transaction. Entries are decimal node or group ranks, or slot names.
+//
+// ## Bound keys: presence on each store
+// A bound key vanishes with its writer. TCP store: written on a connection
+// that sent BIND_KEYS (store/protocol.h); when it closes the server deletes
+// the key and sets key + "#gone" to "1" (waits wake on it). etcd: the key is
+// put on the writer's lease, with key + "#held" beside it; when the lease
+// expires or is revoked the key goes and "#held" without the key reads as
+// lost (etcd/etcd_store.h). Deleting a bound key on purpose leaves no gone
+// marker (a leave, not a loss). Bound: present/<g>, node/<slot> (so a dead
+// entrant's record vanishes), stopping/<g>, done/<g>.
+//
+// ## Timeouts both sides assume
+// last_call_timeout (30 s), claim_timeout (10 s: a roster claim not followed
+// by the roster within it is overridden), kStoppingMargin (5 s), the closed
+// window (join_timeout, 600 s) and keep_alive_interval x
+// keep_alive_max_attempt (dead without a heartbeat) are --rdzv_conf settings
+// or constants of rendezvous/c10d_state.h; nodes of one job must share them.
 //
 // Admission (rendezvous/static_handler.cc), before any worker starts:
 //   ctorchrun/job          set by node 0 before any node may announce itself:
