@@ -192,7 +192,7 @@ TEST_CASE(
 
 TEST_CASE(
     "etcd-v3: agents on etcd form a job, admit a late node, finish, and leave only the "
-    "closed marker, which refuses the id at once",
+    "closed marker, which refuses the id at once and stays alone",
     "[multiproc]") {
   EtcdCluster etcd(1);
   EtcdJob job(etcd);
@@ -217,6 +217,8 @@ TEST_CASE(
   INFO(again.output);
   CHECK(again.exit_code == 3);
   CHECK(contains(again.output, "ended (succeeded)"));
+  // The refused arrival wrote nothing (no generation key on no lease).
+  expect_only_closed_marker(etcd, job.id);
 }
 
 TEST_CASE(
