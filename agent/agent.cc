@@ -76,6 +76,9 @@ struct JobEnd {
 // Thrown by a wait between attempts when the round gives way to the next.
 struct RoundGivesWay {
   rendezvous::MembershipChange change;
+  // The nodes that reported their workers stopped for the failure, read after
+  // the change was seen (when it names lost members): RestartBudget's rule.
+  std::vector<int> stopped;
 };
 
 // torchrun's keep-alive settings of --rdzv_conf: keep_alive_interval
@@ -225,6 +228,8 @@ class ElasticAgent::Impl {
   // The node ranks enrolled in the tally `key` (each once); ProtocolError
   // when an entry is no node of the round.
   std::vector<int> node_set(const std::string& key);
+  // The round gives way for `change` while a failure of `attempt` is pending.
+  RoundGivesWay gives_way_after_failure(const rendezvous::MembershipChange& change, int attempt);
   // Adds this node to the set at `key`; true when the set is then complete.
   bool join_set(const std::string& key);
   // The other nodes in neither `a` nor `b`.
@@ -235,8 +240,9 @@ class ElasticAgent::Impl {
   void check_monitor() const;
   void sync_after_stop(int attempt, bool final);
   // Elastic, before a failure ends the job: waits up to the liveness bound for
-  // a lost member to explain it (throws RoundGivesWay), and returns at once
-  // when every member has stopped its workers (nobody is lost).
+  // a lost member to explain it (throws RoundGivesWay; RestartBudget::explains),
+  // and returns at once when every member has stopped its workers (nobody is
+  // lost).
   void await_loss(int attempt);
   enum class Barrier { kPassed, kFailed, kReform };
   // kFailed: a failure of this attempt appeared (restart); kReform: the round
@@ -576,7 +582,7 @@ void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& 
       return;
     } catch (const TimeoutError&) {
     }
-    if (auto change = round_change(attempt())) throw RoundGivesWay{*change};
+    if (auto change = round_change(attempt())) throw gives_way_after_failure(*change, attempt());
     check_job_alive(what);
     if (Clock::now() >= deadline) {
       std::vector<int> reported = set_key.empty() ? std::vector<int>{} : node_set(set_key);
@@ -590,13 +596,35 @@ void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& 
   }
 }
 
+RoundGivesWay ElasticAgent::Impl::gives_way_after_failure(
+    const rendezvous::MembershipChange& change, int attempt) {
+  RoundGivesWay g{change, {}};
+  if (change.lost.empty()) return g;  // an admission: nobody's report matters
+  try {
+    g.stopped = node_set(keys::stopped(attempt));
+  } catch (const InternalError&) {
+    throw;
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const Error& e) {
+    // Unknown: the loss explains the failure, as when no lost member reported.
+    log_->debug("could not read who stopped the workers of attempt {}: {}", attempt, e.what());
+  }
+  return g;
+}
+
 void ElasticAgent::Impl::await_loss(int attempt) {
   if (join_set(keys::stopped(attempt))) info_.store->set(keys::all_stopped(attempt), "1");
   const auto deadline = Clock::now() + monitor_window_ + 2s;
   while (Clock::now() < deadline) {
     auto change = round_change(attempt);
-    if (change && !change->lost.empty()) throw RoundGivesWay{*change};
-    if (change) return;  // an admission: the failure stands
+    if (change) {
+      RoundGivesWay g = gives_way_after_failure(*change, attempt);
+      if (RestartBudget::explains(g.change, g.stopped)) throw g;
+      // An admission, or members lost after they stopped their workers for
+      // the failure: it stands.
+      return;
+    }
     try {
       info_.store->wait({keys::all_stopped(attempt)}, 100ms);
       return;
@@ -1204,7 +1232,7 @@ RunResult ElasticAgent::Impl::run() {
         if (out.kind == AttemptOutcome::kReform) {
           CTORCHRUN_CHECK(change_.has_value(), "a round gives way without a change");
           // The workers ran: a re-formation charges nothing.
-          const auto r = budget_.on_round_gives_way(*change_);
+          const auto r = budget_.on_round_gives_way(*change_, {});
           CTORCHRUN_CHECK(r == RestartBudget::GiveWay::kReform, "a re-formation charged a failure");
           give_way(*change_);
           continue;
@@ -1213,7 +1241,7 @@ RunResult ElasticAgent::Impl::run() {
       } catch (const RoundGivesWay& g) {
         // Between the attempts of a failure: charged, or refunded when a loss
         // explains it (agent/restart_budget.h).
-        if (budget_.on_round_gives_way(g.change) == RestartBudget::GiveWay::kRefunded) {
+        if (budget_.on_round_gives_way(g.change, g.stopped) == RestartBudget::GiveWay::kRefunded) {
           log_->info("the failure of attempt {} is not charged: {}", attempt(), g.change.reason);
         }
         give_way(g.change);

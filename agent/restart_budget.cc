@@ -29,16 +29,23 @@ int RestartBudget::on_restart() {
   return ++spent_;
 }
 
-RestartBudget::GiveWay RestartBudget::on_round_gives_way(
-    const rendezvous::MembershipChange& change) {
+bool RestartBudget::explains(const rendezvous::MembershipChange& change,
+                             const std::vector<int>& stopped) {
+  return std::any_of(change.lost.begin(), change.lost.end(), [&](int g) {
+    return std::find(stopped.begin(), stopped.end(), g) == stopped.end();
+  });
+}
+
+RestartBudget::GiveWay RestartBudget::on_round_gives_way(const rendezvous::MembershipChange& change,
+                                                         const std::vector<int>& stopped) {
   if (!pending_) return GiveWay::kReform;
-  if (!change.lost.empty()) {
+  if (explains(change, stopped)) {
     pending_ = false;
     return GiveWay::kRefunded;
   }
-  // An admission: the failure stands. After the last restart the job fails
-  // instead (the agent waits only for a loss then).
-  CTORCHRUN_CHECK(!exhausted(), "an admission charged a failure after the last restart");
+  // The failure stands. After the last restart the job fails instead (the
+  // agent waits only for a loss that explains it then).
+  CTORCHRUN_CHECK(!exhausted(), "the round gave way without explaining the last attempt's failure");
   pending_ = false;
   ++spent_;
   return GiveWay::kCharged;

@@ -21,13 +21,16 @@
 //    a loss that explains it (Verdict::await_loss) before the job fails.
 //  - on_restart(): every node stopped its workers and attempt k+1 starts in
 //    the same round: the failure is charged.
-//  - on_round_gives_way(change) while a failure is pending (between attempts):
-//    the round gives way before the next attempt forms. Naming lost members
-//    (change.lost), it is refunded: peers vanishing make surviving workers
-//    fail, and the loss explains the failure; the next round runs attempt k
-//    again. Naming none (an admission), it is charged: the next round runs
-//    attempt k+1.
-//  - on_round_gives_way(change) while no failure is pending: the round
+//  - on_round_gives_way(change, stopped) while a failure is pending (between
+//    attempts): the round gives way before the next attempt forms. When it
+//    names a lost member (change.lost) that had not reported its workers
+//    stopped for the failure (not in `stopped`, the tally
+//    attempt/<k>/stopped), the loss explains the failure: refunded, the next
+//    round runs attempt k again (peers vanishing make surviving workers
+//    fail). Otherwise it is charged and the next round runs attempt k+1: an
+//    admission names no one, and a member lost after it stopped its workers
+//    for the failure did not cause it.
+//  - on_round_gives_way(change, {}) while no failure is pending: the round
 //    re-forms while the workers run. Nothing is charged (the workers'
 //    TORCHELASTIC_RESTART_COUNT still moves: it is spent() plus the round).
 //  - on_round_formed(attempt): a round formed, carrying the job's count (the
@@ -35,9 +38,21 @@
 //    rendezvous). The budget adopts it when higher: a node that joins a
 //    running job takes the job's count.
 //
+// Why "had not reported": members do not see the change and the tally at the
+// same moment. While one member's workers are slow to stop, another may be
+// lost after reporting its own; counting every loss, the slow member would
+// complete the tally and restart, charged, while the others gave way,
+// refunded, and the job's count would depend on which of them carries it
+// into the next round. A lost member's report is in the tally before its
+// loss, so every member decides alike. (Found by the rendezvous simulation;
+// a member declared lost by its heartbeat while only stalled may still
+// report late, and is the one case left to the next round's highest count.)
+//
 // Misuse (a failure while one is pending, a restart with none pending or none
 // left, an admission charging the last attempt's failure, a round formed
 // while a failure is pending) is an InternalError.
+
+#include <vector>
 
 #include "rendezvous/handler.h"
 
@@ -77,7 +92,15 @@ class RestartBudget {
     kRefunded,  // a loss explains the pending failure: not charged
   };
   // The round gives way for `change` (the change that won: its lost members).
-  GiveWay on_round_gives_way(const rendezvous::MembershipChange& change);
+  // `stopped`: the group ranks of the round that reported their workers
+  // stopped for the pending failure, read after the change was seen (empty
+  // when none is pending).
+  GiveWay on_round_gives_way(const rendezvous::MembershipChange& change,
+                             const std::vector<int>& stopped);
+  // Whether the round giving way for `change` explains a pending failure: a
+  // member it names lost is not in `stopped`. A final failure awaits that
+  // alone (Verdict::await_loss); any other change leaves it standing.
+  static bool explains(const rendezvous::MembershipChange& change, const std::vector<int>& stopped);
 
   // A round formed, carrying the job's count `attempt`: adopted when higher.
   void on_round_formed(int attempt);

@@ -65,7 +65,7 @@ TEST_CASE("restart budget: elastic, a final failure first awaits a loss that may
   CHECK(v.final);
   CHECK(v.await_loss);
   // The loss came: refunded, the job goes on with attempt 1 again.
-  CHECK(b.on_round_gives_way(loss({2})) == GiveWay::kRefunded);
+  CHECK(b.on_round_gives_way(loss({2}), {}) == GiveWay::kRefunded);
   CHECK(b.spent() == 1);
   CHECK_FALSE(b.failure_pending());
   b.on_round_formed(1);
@@ -75,7 +75,7 @@ TEST_CASE("restart budget: elastic, a final failure first awaits a loss that may
 TEST_CASE("restart budget: a loss between the attempts of a failure refunds it", "[unit]") {
   RestartBudget b(5, true);
   b.on_failure();
-  CHECK(b.on_round_gives_way(loss({1})) == GiveWay::kRefunded);
+  CHECK(b.on_round_gives_way(loss({1}), {}) == GiveWay::kRefunded);
   CHECK(b.spent() == 0);
   CHECK_FALSE(b.failure_pending());
   // The next round runs the same attempt again.
@@ -83,10 +83,33 @@ TEST_CASE("restart budget: a loss between the attempts of a failure refunds it",
   CHECK(b.spent() == 0);
 }
 
+TEST_CASE(
+    "restart budget: a member lost after it reported its workers stopped for the failure does not "
+    "explain it",
+    "[unit]") {
+  // Node 1 stopped its workers for the failure, then was lost, while node 2's
+  // workers were still stopping: node 2 completes the tally and restarts,
+  // charged, and node 0, seeing the round give way, must charge it too.
+  RestartBudget node0(5, true), node2(5, true);
+  node0.on_failure();
+  node2.on_failure();
+  CHECK_FALSE(RestartBudget::explains(loss({1}), {0, 1}));
+  CHECK(node0.on_round_gives_way(loss({1}), {0, 1}) == GiveWay::kCharged);
+  CHECK(node2.on_restart() == 1);
+  CHECK(node0.spent() == node2.spent());
+  // One lost member that had not reported is enough to explain it.
+  RestartBudget b(5, true);
+  b.on_failure();
+  CHECK(RestartBudget::explains(loss({1, 2}), {0, 1}));
+  CHECK(b.on_round_gives_way(loss({1, 2}), {0, 1}) == GiveWay::kRefunded);
+  CHECK(b.spent() == 0);
+  CHECK_FALSE(RestartBudget::explains(admission(), {}));
+}
+
 TEST_CASE("restart budget: an admission between the attempts of a failure charges it", "[unit]") {
   RestartBudget b(5, true);
   b.on_failure();
-  CHECK(b.on_round_gives_way(admission()) == GiveWay::kCharged);
+  CHECK(b.on_round_gives_way(admission(), {}) == GiveWay::kCharged);
   CHECK(b.spent() == 1);
   b.on_round_formed(1);
   CHECK(b.spent() == 1);
@@ -96,17 +119,17 @@ TEST_CASE("restart budget: an admission after the last attempt's failure is a mi
   // The agent waits only for a loss then: the failure ends the job.
   RestartBudget b(0, true);
   b.on_failure();
-  CHECK_THROWS_AS(b.on_round_gives_way(admission()), InternalError);
+  CHECK_THROWS_AS(b.on_round_gives_way(admission(), {}), InternalError);
 }
 
 TEST_CASE("restart budget: a re-formation while the workers run charges nothing", "[unit]") {
   RestartBudget b(5, true);
-  CHECK(b.on_round_gives_way(loss({0, 2})) == GiveWay::kReform);
-  CHECK(b.on_round_gives_way(admission()) == GiveWay::kReform);
+  CHECK(b.on_round_gives_way(loss({0, 2}), {}) == GiveWay::kReform);
+  CHECK(b.on_round_gives_way(admission(), {}) == GiveWay::kReform);
   CHECK(b.spent() == 0);
   b.on_failure();
   b.on_restart();
-  CHECK(b.on_round_gives_way(admission()) == GiveWay::kReform);
+  CHECK(b.on_round_gives_way(admission(), {}) == GiveWay::kReform);
   CHECK(b.spent() == 1);
 }
 
@@ -121,7 +144,7 @@ TEST_CASE("restart budget: a round formed adopts the job's count when higher", "
   b.on_restart();
   CHECK(b.spent() == 4);
   CHECK(b.on_failure().final == false);
-  CHECK(b.on_round_gives_way(loss({0})) == GiveWay::kRefunded);
+  CHECK(b.on_round_gives_way(loss({0}), {}) == GiveWay::kRefunded);
   b.on_round_formed(5);  // another member charged it: the job's count wins
   CHECK(b.exhausted());
 }
