@@ -88,7 +88,7 @@ class RestartBudget {
   // What a round giving way did to the budget.
   enum class GiveWay {
     kReform,    // no failure pending: a re-formation, nothing charged
-    kCharged,   // the pending failure is charged (an admission)
+    kCharged,   // charged: an admission, or members lost after they reported
     kRefunded,  // a loss explains the pending failure: not charged
   };
   // The round gives way for `change` (the change that won: its lost members).
