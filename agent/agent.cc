@@ -18,6 +18,7 @@
 #include "agent/failure_summary.h"
 #include "agent/job_monitor.h"
 #include "agent/protocol.h"
+#include "agent/restart_budget.h"
 #include "agent/worker_env.h"
 #include "common/error.h"
 #include "common/exit_codes.h"
@@ -75,6 +76,9 @@ struct JobEnd {
 // Thrown by a wait between attempts when the round gives way to the next.
 struct RoundGivesWay {
   rendezvous::MembershipChange change;
+  // The nodes that reported their workers stopped for the failure, read after
+  // the change was seen (when it names lost members): RestartBudget's rule.
+  std::vector<int> stopped;
 };
 
 // torchrun's keep-alive settings of --rdzv_conf: keep_alive_interval
@@ -156,7 +160,12 @@ class ElasticAgent::Impl {
  public:
   Impl(const LaunchConfig& config, rendezvous::Handler& rdzv, worker::Launcher& launcher,
        EventLog& events)
-      : c_(config), rdzv_(rdzv), launcher_(launcher), events_(events), log_(get_logger("agent")) {}
+      : c_(config),
+        rdzv_(rdzv),
+        launcher_(launcher),
+        events_(events),
+        log_(get_logger("agent")),
+        budget_(config.max_restarts, false) {}
 
   RunResult run();
   void on_signal(int sig);
@@ -219,6 +228,8 @@ class ElasticAgent::Impl {
   // The node ranks enrolled in the tally `key` (each once); ProtocolError
   // when an entry is no node of the round.
   std::vector<int> node_set(const std::string& key);
+  // The round gives way for `change` while a failure of `attempt` is pending.
+  RoundGivesWay gives_way_after_failure(const rendezvous::MembershipChange& change, int attempt);
   // Adds this node to the set at `key`; true when the set is then complete.
   bool join_set(const std::string& key);
   // The other nodes in neither `a` nor `b`.
@@ -229,8 +240,9 @@ class ElasticAgent::Impl {
   void check_monitor() const;
   void sync_after_stop(int attempt, bool final);
   // Elastic, before a failure ends the job: waits up to the liveness bound for
-  // a lost member to explain it (throws RoundGivesWay), and returns at once
-  // when every member has stopped its workers (nobody is lost).
+  // a lost member to explain it (throws RoundGivesWay; RestartBudget::explains),
+  // and returns at once when every member has stopped its workers (nobody is
+  // lost).
   void await_loss(int attempt);
   enum class Barrier { kPassed, kFailed, kReform };
   // kFailed: a failure of this attempt appeared (restart); kReform: the round
@@ -269,7 +281,12 @@ class ElasticAgent::Impl {
   std::string log_base_;
   bool temp_log_base_ = false;
   std::string run_dir_;
-  int attempt_ = 0;
+  // The job's restart accounting (agent/restart_budget.h): built from the
+  // max_restarts the nodes agreed on once the first round formed; until then
+  // this node's own, with nothing spent.
+  RestartBudget budget_;
+  // The attempt that runs, or that a pending failure belongs to.
+  int attempt() const { return budget_.spent(); }
   int started_attempt_ = -1;                            // the last attempt whose workers started
   int first_round_of_attempt_ = -1;                     // the round in which it started
   std::vector<rendezvous::NodeInfo> last_members_;      // of the round before
@@ -305,7 +322,7 @@ void ElasticAgent::Impl::on_signal(int sig) {
   // Whatever holds this node's place (an etcd lease) goes now, so that a
   // round forming or running does not wait for it.
   rdzv_.abandon();
-  events_.emit("finished", attempt_, {{"exit_code", 128 + sig}, {"signal", signal_name(sig)}});
+  events_.emit("finished", attempt(), {{"exit_code", 128 + sig}, {"signal", signal_name(sig)}});
   if (std::string kept = tidy_log_dir(); !kept.empty()) log_->info("logs kept in {}", kept);
   worker::Console::flush(worker::Console::kExitStall);
   spdlog::shutdown();
@@ -370,7 +387,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     p.restart_count = attempt + info_.round;
     p.failed_restarts = attempt;
     p.round = info_.round;
-    p.max_restarts = c_.max_restarts;
+    p.max_restarts = budget_.max();
     p.run_id = c_.run_id;
     p.error_file = dir + "/error.json";
     p.torch_version = torch_version_;
@@ -570,7 +587,7 @@ void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& 
       return;
     } catch (const TimeoutError&) {
     }
-    if (auto change = round_change(attempt_)) throw RoundGivesWay{*change};
+    if (auto change = round_change(attempt())) throw gives_way_after_failure(*change, attempt());
     check_job_alive(what);
     if (Clock::now() >= deadline) {
       std::vector<int> reported = set_key.empty() ? std::vector<int>{} : node_set(set_key);
@@ -584,13 +601,35 @@ void ElasticAgent::Impl::await_nodes(const std::string& key, const std::string& 
   }
 }
 
+RoundGivesWay ElasticAgent::Impl::gives_way_after_failure(
+    const rendezvous::MembershipChange& change, int attempt) {
+  RoundGivesWay g{change, {}};
+  if (change.lost.empty()) return g;  // an admission: nobody's report matters
+  try {
+    g.stopped = node_set(keys::stopped(attempt));
+  } catch (const InternalError&) {
+    throw;
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const Error& e) {
+    // Unknown: the loss explains the failure, as when no lost member reported.
+    log_->debug("could not read who stopped the workers of attempt {}: {}", attempt, e.what());
+  }
+  return g;
+}
+
 void ElasticAgent::Impl::await_loss(int attempt) {
   if (join_set(keys::stopped(attempt))) info_.store->set(keys::all_stopped(attempt), "1");
   const auto deadline = Clock::now() + monitor_window_ + 2s;
   while (Clock::now() < deadline) {
     auto change = round_change(attempt);
-    if (change && !change->lost.empty()) throw RoundGivesWay{*change};
-    if (change) return;  // an admission: the failure stands
+    if (change) {
+      RoundGivesWay g = gives_way_after_failure(*change, attempt);
+      if (RestartBudget::explains(g.change, g.stopped)) throw g;
+      // An admission, or members lost after they stopped their workers for
+      // the failure: it stands.
+      return;
+    }
     try {
       info_.store->wait({keys::all_stopped(attempt)}, 100ms);
       return;
@@ -788,7 +827,7 @@ std::string ElasticAgent::Impl::tidy_log_dir() {
 }
 
 RunResult ElasticAgent::Impl::finish(int code, std::string message) {
-  events_.emit("finished", attempt_, {{"exit_code", code}});
+  events_.emit("finished", attempt(), {{"exit_code", code}});
   // A temporary log directory goes when it holds no file worth reading (no
   // output was redirected, no error file written); otherwise its path is in
   // the launcher's last log line.
@@ -809,7 +848,7 @@ std::string ElasticAgent::Impl::attempt_dir(int attempt) const {
 void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipChange>& change) {
   monitor_.reset();  // the last round's view ends with it
   try {
-    info_ = change ? rdzv_.next_round(*change, attempt_) : rdzv_.next_rendezvous();
+    info_ = change ? rdzv_.next_round(*change, attempt()) : rdzv_.next_rendezvous();
   } catch (const rendezvous::JobClosedError& e) {
     if (e.while_waiting() && e.was_member() && e.outcome() != "succeeded") {
       // It ran in the job, whose restarts ran out while it came back.
@@ -835,8 +874,10 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
   } catch (const Error& e) {
     throw JobEnd{kRendezvous, std::string("rendezvous failed: ") + e.what()};
   }
-  // A node joining a running job takes its restart count.
-  attempt_ = std::max(attempt_, info_.attempt);
+  // The budget is the one the nodes agreed on; a node joining a running job
+  // takes its restart count.
+  if (!change) budget_ = RestartBudget(info_.max_restarts.value_or(c_.max_restarts), elastic());
+  budget_.on_round_formed(info_.attempt);
   const auto& me = info_.nodes.at(static_cast<size_t>(info_.group_rank));
   if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
   std::vector<int> sizes;
@@ -858,8 +899,8 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
       "master={}:{} restart_count={}; {}",
       rounds ? " (round " + std::to_string(info_.round) + ")" : std::string(), c_.run_id,
       info_.group_rank, info_.group_world_size, world_size_, info_.master_addr, info_.master_port,
-      attempt_, table);
-  events_.emit("rendezvous", attempt_,
+      attempt(), table);
+  events_.emit("rendezvous", attempt(),
                {{"group_rank", info_.group_rank},
                 {"group_world_size", info_.group_world_size},
                 {"world_size", world_size_},
@@ -875,14 +916,14 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
           std::any_of(last_members_.begin(), last_members_.end(),
                       [&](const auto& m) { return m.host == n.host && m.pid == n.pid; });
       if (!before) {
-        events_.emit("node_joined", attempt_,
+        events_.emit("node_joined", attempt(),
                      {{"group_rank", n.group_rank},
                       {"host", n.host},
                       {"pid", n.pid},
                       {"round", info_.round}});
       }
     }
-    events_.emit("round_complete", attempt_,
+    events_.emit("round_complete", attempt(),
                  {{"round", info_.round},
                   {"members", members},
                   {"world_size", world_size_},
@@ -958,19 +999,19 @@ void ElasticAgent::Impl::give_way(rendezvous::MembershipChange change) {
   for (int n : change.lost) {
     if (n < 0 || n >= static_cast<int>(info_.nodes.size())) continue;
     const auto& node = info_.nodes[static_cast<size_t>(n)];
-    events_.emit("node_lost", attempt_,
+    events_.emit("node_lost", attempt(),
                  {{"group_rank", n},
                   {"host", node.host},
                   {"pid", node.pid},
                   {"round", info_.round},
                   {"cause", change.cause}});
   }
-  events_.emit("round_gives_way", attempt_,
+  events_.emit("round_gives_way", attempt(),
                {{"round", info_.round}, {"reason", change.reason}, {"lost", change.lost}});
   // The next round waits for this node up to its grace, not only its last
   // call.
   if (info_.stopping) info_.stopping(c_.shutdown_timeout);
-  stop_workers(SIGTERM, attempt_);
+  stop_workers(SIGTERM, attempt());
   if (int sig = pending_signal_) throw JobEnd{128 + sig, "stopped by " + signal_name(sig)};
   change_.reset();
   form_round(change);
@@ -1100,24 +1141,25 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
     leave(true);
     return finish(128 + sig, "stopped by " + signal_name(sig));
   }
-  const bool final = k >= c_.max_restarts;
-  if (final && elastic()) await_loss(k);  // throws RoundGivesWay when one explains the failure
-  sync_after_stop(k, final);
-  if (!final) {
+  const RestartBudget::Verdict verdict = budget_.on_failure();
+  // Throws RoundGivesWay when a loss may explain the failure.
+  if (verdict.await_loss) await_loss(k);
+  sync_after_stop(k, verdict.final);
+  if (!verdict.final) {
+    const int next = budget_.on_restart();  // charged
     log_->warn(
         "rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
         "(restart {}/{})",
-        root.rank, root.local_rank, root.node_rank, root.cause(), k + 1, c_.max_restarts);
-    events_.emit("restart", k + 1, {{"restart", k + 1}, {"max_restarts", c_.max_restarts}});
+        root.rank, root.local_rank, root.node_rank, root.cause(), next, budget_.max());
+    events_.emit("restart", next, {{"restart", next}, {"max_restarts", budget_.max()}});
     return std::nullopt;
   }
   const bool here = root.node_rank == info_.group_rank;
-  std::string msg = "job failed after " + std::to_string(k) + "/" +
-                    std::to_string(c_.max_restarts) + " restarts: rank " +
-                    std::to_string(root.rank) + " (local_rank " + std::to_string(root.local_rank) +
-                    " on node " + std::to_string(root.node_rank) + ", " + root.host + ", pid " +
-                    std::to_string(root.pid) + ") failed with " + root.cause() +
-                    (here ? "" : " (summary on that node)") +
+  std::string msg = "job failed after " + std::to_string(k) + "/" + std::to_string(budget_.max()) +
+                    " restarts: rank " + std::to_string(root.rank) + " (local_rank " +
+                    std::to_string(root.local_rank) + " on node " + std::to_string(root.node_rank) +
+                    ", " + root.host + ", pid " + std::to_string(root.pid) + ") failed with " +
+                    root.cause() + (here ? "" : " (summary on that node)") +
                     (logs_worth_keeping() ? "; logs in " + run_dir_ : "");
   try {
     if (info_.close) info_.close("failed");
@@ -1205,43 +1247,42 @@ RunResult ElasticAgent::Impl::run() {
     form_round(std::nullopt);
     for (;;) {
       try {
-        AttemptOutcome out = run_attempt(attempt_);
+        AttemptOutcome out = run_attempt(attempt());
         if (out.kind == AttemptOutcome::kReform) {
           CTORCHRUN_CHECK(change_.has_value(), "a round gives way without a change");
+          // The workers ran: a re-formation charges nothing.
+          const auto r = budget_.on_round_gives_way(*change_, {});
+          CTORCHRUN_CHECK(r == RestartBudget::GiveWay::kReform, "a re-formation charged a failure");
           give_way(*change_);
           continue;
         }
-        if (auto result = settle(attempt_, out)) return *result;
-        ++attempt_;
+        if (auto result = settle(attempt(), out)) return *result;
       } catch (const RoundGivesWay& g) {
-        // Between the attempts of a failure. A failure is charged, and
-        // refunded when a member of its round is lost before the next round
-        // forms: peers vanishing make surviving workers fail.
-        if (g.change.lost.empty()) {
-          ++attempt_;
-        } else {
-          log_->info("the failure of attempt {} is not charged: {}", attempt_, g.change.reason);
+        // Between the attempts of a failure: charged, or refunded when a loss
+        // explains it (agent/restart_budget.h).
+        if (budget_.on_round_gives_way(g.change, g.stopped) == RestartBudget::GiveWay::kRefunded) {
+          log_->info("the failure of attempt {} is not charged: {}", attempt(), g.change.reason);
         }
         give_way(g.change);
       }
     }
   } catch (const JobEnd& end) {
-    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
+    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt());
     leave();
     return finish(end.exit_code, end.message);
   } catch (const InternalError&) {
-    stop_workers(SIGKILL, attempt_);
+    stop_workers(SIGKILL, attempt());
     throw;
   } catch (const ProtocolError& e) {
-    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
+    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt());
     leave();
     return finish(kRendezvous, "protocol error in " + agents_store() + ": " + e.what());
   } catch (const Error& e) {
     // The store failed under the main loop's feet.
-    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt_);
+    if (launcher_.running() > 0) stop_workers(SIGTERM, attempt());
     return finish(kRendezvous, "lost " + agents_store() + ": " + e.what());
   } catch (const std::exception& e) {
-    stop_workers(SIGKILL, attempt_);
+    stop_workers(SIGKILL, attempt());
     throw InternalError(std::string("agent: ") + e.what());
   }
 }

@@ -141,7 +141,15 @@
 //       deadline (shutdown_timeout plus the liveness window plus a margin);
 //       its error names the nodes that did not report. Then attempt k+1, or,
 //       after the last, exit 1 (the store host waits up to 10 s for
-//       all_stopped so that every node reads the failure first).
+//       all_stopped so that every node reads the failure first). The last
+//       is max_restarts as the nodes agreed on it (ctorchrun/job, the c10d
+//       settings: RendezvousInfo::max_restarts).
+//       Elastic: the round giving way ends these waits. The failure is then
+//       refunded when the change names a member that is not in
+//       attempt/<k>/stopped (read after the change was seen), and the next
+//       round runs attempt k again; otherwise it is charged (k+1). Before the
+//       last attempt's failure ends the job, a node waits up to the liveness
+//       bound for such a loss. agent/restart_budget.h holds the rule.
 
 #include <string>
 

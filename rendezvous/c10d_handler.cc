@@ -266,6 +266,7 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   info.master_addr = workers.addr;
   info.master_port = workers.port;
   info.attempt = round.attempt;
+  info.max_restarts = round.max_restarts;
   if (workers_server_) {
     store::TcpStoreServer* server = workers_server_.get();
     info.clear_worker_keys = [server] { return server->erase_keys_except({}); };

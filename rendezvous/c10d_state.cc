@@ -360,6 +360,7 @@ C10dRound C10dState::read_roster(const std::string& raw) {
   r.generation = generation_;
   r.round = round_;
   r.group_rank = -1;
+  r.max_restarts = settings_.max_restarts;  // check_settings() refused any other
   int64_t world = 0;
   for (const auto& m : *members) {
     if (!m.is_object()) throw ProtocolError("unreadable roster at key '" + k + "'");

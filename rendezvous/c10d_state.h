@@ -142,6 +142,8 @@ struct C10dRound {
   // The job's restart count when this round starts: the highest any member
   // carries (a node carries the count it last ran with; a fresh one 0).
   int attempt = 0;
+  // The job's --max_restarts, as its nodes agreed on it (rdzv/settings).
+  int max_restarts = 0;
 };
 
 // The job this node tried to join has ended.

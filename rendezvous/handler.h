@@ -43,6 +43,10 @@ struct RendezvousInfo {
   // The raw-key prefix of that namespace on the wire ("/ctorchrun/").
   std::string namespace_prefix;
   int round = 0;  // c10d: the round these members formed (static: 0)
+  // The job's --max_restarts as its nodes agreed on it (the static job's
+  // record, the c10d settings): the restart budget every node uses. Unset: a
+  // backend that agrees on none; the node's own flag.
+  std::optional<int> max_restarts;
   int group_rank = 0;
   int group_world_size = 0;
   std::vector<NodeInfo> nodes;  // indexed by group rank

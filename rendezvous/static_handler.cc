@@ -47,8 +47,8 @@ StaticHandler::StaticHandler(StaticOptions options) : options_(std::move(options
 
 StaticHandler::~StaticHandler() = default;
 
-void StaticHandler::check_admission(store::Store& root, store::Store& job,
-                                    const std::string& endpoint) {
+int StaticHandler::check_admission(store::Store& root, store::Store& job,
+                                   const std::string& endpoint) {
   auto log = get_logger("rdzv");
   const std::string raw = root.get(kJobKey);
   auto settings = nlohmann::json::parse(raw, nullptr, false);
@@ -84,6 +84,7 @@ void StaticHandler::check_admission(store::Store& root, store::Store& job,
   if (max_restarts != options_.max_restarts) {
     differ("--max_restarts", max_restarts, options_.max_restarts);
   }
+  return max_restarts;
 }
 
 void StaticHandler::await_nodes(store::Store& job, const std::vector<std::string>& keys,
@@ -177,6 +178,8 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   auto root = std::make_shared<store::PrefixStore>(kNamespace, conn);
   auto store = std::make_shared<store::PrefixStore>(prefix, conn);
 
+  // The job's max_restarts: node 0's, as its record says; every node uses it.
+  int agreed_max_restarts = options_.max_restarts;
   if (options_.node_rank == 0) {
     // Before any node can announce itself: what this job is.
     nlohmann::json settings = {{"run_id", options_.run_id},
@@ -199,7 +202,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
       log->info("rendezvous '{}': waiting for node 0 at {} to publish the job's settings",
                 options_.run_id, endpoint);
     }
-    check_admission(*root, *store, endpoint);
+    agreed_max_restarts = check_admission(*root, *store, endpoint);
   }
 
   // Announce ourselves; a rank already taken by someone else is a mistake.
@@ -275,6 +278,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     info.nodes.push_back(n);
   }
   info.store = store;
+  info.max_restarts = agreed_max_restarts;
   // Background connections make only quick calls: a frozen store shows as a
   // timeout within seconds.
   info.connect = [connect] { return connect(milliseconds(3'000), milliseconds(3'000)); };

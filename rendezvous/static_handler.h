@@ -64,7 +64,8 @@ class StaticHandler : public Handler {
 
  private:
   // Reads the job's settings and refuses a job this node must not join.
-  void check_admission(store::Store& root, store::Store& job, const std::string& endpoint);
+  // Returns the job's max_restarts, which this node agreed on.
+  int check_admission(store::Store& root, store::Store& job, const std::string& endpoint);
   // Waits for every node's record, or ends at a refusal left by another node.
   void await_nodes(store::Store& job, const std::vector<std::string>& keys,
                    std::chrono::steady_clock::time_point deadline, const std::string& endpoint);

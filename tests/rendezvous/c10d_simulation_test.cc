@@ -14,15 +14,32 @@
 // C10dHandler::form_round does: runnable when the key exists or the slice
 // has passed. running: C10dRoundWatch::check(attempt) once a monitor tick.
 //
-// Random events: a node arrives; a running round's workers fail (the restart
-// count moves on); a node is killed (its bound keys vanish and their gone
-// markers appear: testing::BoundKeyStore); a node stalls for a while and
-// resumes; a member leaves on purpose (withdraws its presence and record;
-// the others notice, as the agent does, and re-form); an answer is lost
-// after its call applied (testing::FaultStore: on the main path the node
-// exits as the real handler does, on the monitor's path the watch is opened
-// anew); time passes. Half the seeds end with the running round's workers
-// succeeding: mark_finishing, close, and the members leave.
+// Each agent owns the agent's restart accounting, agent::RestartBudget, and
+// calls it where ElasticAgent does: built from the round's agreed
+// max_restarts when its first round forms, on_round_formed() with the
+// round's count, on_failure() when its workers fail, on_restart() when every
+// member reported its workers stopped for the failure, on_round_gives_way()
+// when its round gives way (a re-formation, or between the attempts of a
+// failure), and the count it then carries into rejoin(). A running member
+// whose workers failed (Agent::failed) reports them stopped at its next step
+// (the tally attempt/<k>/stopped, kept by the sim) and, as sync_after_stop
+// does, restarts once every member of the round reported, or gives way when
+// its watch sees the round give way first.
+//
+// Random events: a node arrives; a running round's workers fail (every
+// member whose workers run stops them; one that reads the roster later finds
+// its attempt failed); a node is killed (its bound keys vanish and their
+// gone markers appear: testing::BoundKeyStore); a node stalls for a while
+// and resumes; a member leaves on purpose (withdraws its presence and record;
+// the others notice, as the agent does, and re-form); a member killed or
+// leaving fails the other members' workers too, half the times (their peer
+// vanished): either at once, before any watch noticed the loss, or each
+// member's as its watch notices it (the agent then handles the failure
+// first, as ElasticAgent::watch does, and gives way with it pending); an
+// answer is lost after its call applied (testing::FaultStore: on the main
+// path the node exits as the real handler does, on the monitor's path the
+// watch is opened anew); time passes. Half the seeds end with the running
+// round's workers succeeding: mark_finishing, close, and the members leave.
 //
 // After every step the invariants are checked (Sim::check_roster when a
 // node reads a roster, Sim::check after each step); a violation fails the
@@ -38,12 +55,32 @@
 //  - no call waits for a key that nobody will write (a waiting read of a
 //    missing key: it would wait for the store's timeout);
 //  - after the job ends, no round forms and each waiting node learns the end
-//    within a poll.
+//    within a poll;
+//  - the restart budget: every agent with no failure pending, running a
+//    round that stands or coming back for the next, has spent exactly what
+//    it owes: the job's failures not explained by a loss. The sim keeps that
+//    ground truth itself (Sim::settle_failures), from the store and its own
+//    events, never from a budget: the failure of attempt k of round R is
+//    charged once every member reported its workers stopped for it, or when
+//    R gives way naming no lost member that had not reported (an admission
+//    names none); it is explained by a loss when R gives way naming a member
+//    lost before it reported (a failure a loss caused is charged when an
+//    admission re-formed R before any member noticed the loss: the sim
+//    counts those). A member owes the charged failures it took part in, and
+//    a round's members owe the most any of them owed as they entered it.
+//    The job's count lives in its members' records
+//    (C10dRound::attempt): a round formed by none of the members that
+//    carried it starts from what its members carry, as C10dState does; the
+//    sim counts those rounds, and CTORCHRUN_SIM_JOB_COUNT=1 makes each a
+//    violation.
 //
 // Environment:
 //   CTORCHRUN_SIM_SEEDS=N       how many seeds (default 2000)
 //   CTORCHRUN_SIM_SEED=S        run seed S alone, printing every event
 //   CTORCHRUN_SIM_KEEP_GOING=1  run every seed; count the violations by kind
+//   CTORCHRUN_SIM_JOB_COUNT=1   a round that forms with a lower count than the
+//                               job spent (none of its carriers in it) is a
+//                               violation
 //   CTORCHRUN_SIM_FAULTS=a,b    which faults beyond the base ones (default: all;
 //                               "base" for none of them):
 //     entrants  kill (or lose an answer of) a node that entered a forming
@@ -60,6 +97,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
@@ -67,6 +105,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/restart_budget.h"
 #include "common/error.h"
 #include "rendezvous/c10d_handler.h"
 #include "rendezvous/c10d_state.h"
@@ -75,6 +114,7 @@
 #include "tests/support/fault_store.h"
 
 using namespace ctorchrun;
+using agent::RestartBudget;
 using rendezvous::C10dRound;
 using rendezvous::C10dRoundWatch;
 using rendezvous::C10dSettings;
@@ -90,7 +130,10 @@ namespace {
 struct SimOptions {
   bool kill_entrants = false;  // faults may hit nodes that entered a forming round
   bool leave = false;          // running members may leave on purpose
-  bool verbose = false;        // print every event as it happens
+  // A round formed by none of the members that carried the job's count is a
+  // violation too (it starts from what they carry: see the header).
+  bool job_count = false;
+  bool verbose = false;  // print every event as it happens
 };
 
 // An invariant broke (thrown by Sim::violate, caught in Sim::run).
@@ -110,7 +153,17 @@ struct Agent {
   std::unique_ptr<C10dState> state;
   std::optional<C10dRound> round;  // the last round it ran
   std::unique_ptr<C10dRoundWatch> watch;
-  int attempt = 0;
+  // The agent's restart accounting, built from the agreed max_restarts of
+  // its first round (ElasticAgent::form_round); unset before it.
+  std::optional<RestartBudget> budget;
+  // Its workers failed (the budget's failure is pending): it stopped them and
+  // waits for every member to report theirs stopped, or for the round to
+  // give way (ElasticAgent::sync_after_stop).
+  bool failed = false;
+  // The ground truth of the count this agent carries: the job's failures
+  // not explained by a loss that it took part in or adopted from a round's
+  // members (the sim's, never read from the budget). 0 on arrival.
+  int owed = 0;
   int64_t wake_at = 0;          // forming: the slice's end; running: the next tick
   std::string wait_key;         // forming: the key that ends the wait early
   int64_t stalled_until = -1;   // >= now: stalled
@@ -119,6 +172,7 @@ struct Agent {
   std::string presence_key;     // running: present/<g> of its round
 
   bool live() const { return phase != Phase::kAbsent; }
+  int attempt() const { return budget ? budget->spent() : 0; }
   std::string name() const { return "a" + std::to_string(id) + "." + std::to_string(incarnation); }
   int pid() const { return 1000 * (id + 1) + incarnation; }
 };
@@ -189,12 +243,20 @@ class Sim {
         << " ms, claim " << timing_.claim_timeout.count() << " ms\n  last events:\n";
     for (const auto& e : trace_) out << "    " << e << "\n";
     out << "  replay: CTORCHRUN_SIM_SEED=" << seed_ << faults_text()
-        << " bin/rendezvous_tests '[sim]'";
+        << (opt_.job_count ? " CTORCHRUN_SIM_JOB_COUNT=1" : "") << " bin/rendezvous_tests '[sim]'";
     return out.str();
   }
 
   int kills = 0, exits = 0, stalls = 0, failures = 0, leaves = 0, rounds = 0;
   int ended = 0;  // seeds whose job ended
+  // Failures a loss caused: at once, or as the survivors' watches noticed it.
+  int loss_failures_before = 0, loss_failures_after = 0;
+  int refunds = 0;                 // failures an agent's budget refunded
+  int charged = 0, explained = 0;  // the job's failures, as settled
+  // Caused by a loss, yet charged: the round gave way for an admission before
+  // any member noticed the loss.
+  int loss_charged = 0;
+  int count_drops = 0;  // rounds formed by no carrier of the job's count: it starts lower
 
  private:
   // ---- randomness and bookkeeping ----------------------------------------
@@ -310,6 +372,7 @@ class Sim {
         if (victims.empty()) return;
         ++kills;
         Agent& v = any(victims);
+        if (v.phase == Phase::kRunning) loss_failure(v);
         end_agent(v, "is killed");
         return;
       }
@@ -335,6 +398,9 @@ class Sim {
         // by default one of them stays: nobody notices the last one leave.
         std::vector<Agent*> leavers;
         for (Agent* a : running) {
+          // A signal between the attempts of a failure ends the agent at
+          // once (on_signal: no workers run): a kill, not a leave.
+          if (a->failed) continue;
           const bool other = std::any_of(running.begin(), running.end(), [&](Agent* b) {
             return b != a && b->round->round == a->round->round &&
                    b->round->generation == a->round->generation;
@@ -372,7 +438,9 @@ class Sim {
     a.state = std::make_unique<C10dState>(
         *a.job, settings_, me, timing_, now_fn(), [this] { return wall(); }, a.presence.get());
     a.phase = Phase::kForming;
-    a.attempt = 0;
+    a.budget.reset();
+    a.failed = false;
+    a.owed = 0;
     a.round.reset();
     a.watch.reset();
     a.presence_key.clear();
@@ -416,6 +484,7 @@ class Sim {
     }
     if (it == slot_holder_.end()) {
       slot_holder_[k] = a.pid();
+      entry_owed_[k] = a.owed;
       event(a.name() + " " + how + ": enters round " + std::to_string(a.state->round()) + " as " +
             a.state->slot() + (a.state->waiting() ? " (waiting)" : ""));
     }
@@ -468,7 +537,11 @@ class Sim {
       violate(a.name() + " presence: " + e.what());
     }
     a.round = r;
-    a.attempt = std::max(a.attempt, r.attempt);
+    // ElasticAgent::form_round: the budget the nodes agreed on, and the job's
+    // count.
+    if (!a.budget) a.budget.emplace(r.max_restarts, true);
+    a.budget->on_round_formed(r.attempt);
+    a.owed = round_owed_.at({r.generation, r.round});
     a.watch.reset();
     a.phase = Phase::kRunning;
     a.wake_at = now_ + monitor_ms_;
@@ -476,11 +549,28 @@ class Sim {
     a.eligible_since = -1;
     event(a.name() + " runs round " + std::to_string(r.round) + " as group rank " +
           std::to_string(r.group_rank) + " of " + slots_text(r.slots) + ", attempt " +
-          std::to_string(a.attempt));
+          std::to_string(a.attempt()));
+    // A member that reads the roster late finds its attempt failed already
+    // (attempt/<k>/failure): it stops its workers at once.
+    auto failed = failures_.find(std::make_tuple(r.generation, r.round, a.attempt()));
+    if (failed != failures_.end()) {
+      fail_workers(a, failed->second.loss, "its attempt failed before it started");
+    }
   }
 
   void step_running(Agent& a) {
     a.wake_at = now_ + monitor_ms_;
+    // Between the attempts of a failure (ElasticAgent::sync_after_stop): this
+    // node reports its workers stopped, and every member's report restarts
+    // the attempt in the same round; the round giving way first ends the
+    // wait (await_nodes asks round_change).
+    if (a.failed && report_stopped(a)) {
+      const int next = a.budget->on_restart();
+      a.failed = false;
+      event(a.name() + " restarts its workers: attempt " + std::to_string(next) + " of round " +
+            std::to_string(a.round->round));
+      return;
+    }
     std::optional<MembershipChange> change;
     try {
       // The monitor's connection is opened anew after an error, and with it
@@ -490,7 +580,7 @@ class Sim {
                                                    timing_.last_call_timeout, now_fn());
       }
       change = departed_change(a);
-      if (!change) change = a.watch->check(a.attempt);
+      if (!change) change = a.watch->check(a.attempt());
     } catch (const testing::WouldWaitError& e) {
       violate(a.name() + " watch of round " + std::to_string(a.round->round) + ": " + e.what());
     } catch (const ProtocolError& e) {
@@ -501,12 +591,38 @@ class Sim {
       return;
     }
     if (!change) return;
+    // A loss the sim caused may fail this member's workers after its watch
+    // noticed it: the agent handles the failure first (ElasticAgent::watch
+    // looks at local exits before the round), then the round gives way while
+    // the failure is pending.
+    auto after = loss_after_.find({a.round->generation, a.round->round});
+    if (after != loss_after_.end() && !a.failed &&
+        std::find(change->lost.begin(), change->lost.end(), after->second) != change->lost.end()) {
+      ++loss_failures_after;
+      fail_workers(a, true, "after its watch noticed the loss");
+      report_stopped(a);
+    }
     // The agent gives way: stops its workers and comes back for the next round.
+    const bool pending = a.failed;
+    std::vector<int> stopped;
+    if (pending) {
+      const auto& reported =
+          stopped_[std::make_tuple(a.round->generation, a.round->round, a.attempt())];
+      stopped.assign(reported.begin(), reported.end());
+    }
+    const auto outcome = a.budget->on_round_gives_way(*change, stopped);
+    a.failed = false;
+    if (outcome == RestartBudget::GiveWay::kRefunded) ++refunds;
     event(a.name() + " gives way in round " + std::to_string(a.round->round) + ": " +
-          change->reason + " lost " + ranks_text(change->lost));
+          change->reason + " lost " + ranks_text(change->lost) +
+          (!pending                                       ? ""
+           : outcome == RestartBudget::GiveWay::kRefunded ? "; the failure is not charged"
+                                                          : "; the failure is charged") +
+          ", attempt " + std::to_string(a.attempt()));
     a.watch.reset();
+    settle_failures();  // the reform is there: what this member carries is settled
     try {
-      a.state->rejoin(*a.round, a.attempt, change->lost);
+      a.state->rejoin(*a.round, a.attempt(), change->lost);
     } catch (const testing::WouldWaitError& e) {
       violate(a.name() + " rejoin(): " + e.what());
     } catch (const IoError& e) {
@@ -549,7 +665,8 @@ class Sim {
         !members.empty() &&
         std::all_of(members.begin(), members.end(),
                     [&](Agent* a) {
-                      return !stalled(*a) && a->round->round == members[0]->round->round &&
+                      return !stalled(*a) && !a->failed &&
+                             a->round->round == members[0]->round->round &&
                              a->round->generation == members[0]->round->generation;
                     }) &&
         members.size() == members[0]->round->slots.size() &&
@@ -562,7 +679,7 @@ class Sim {
     bool finishing = true;
     for (Agent* a : members) {
       try {
-        finishing = a->state->mark_finishing(a->attempt) && finishing;
+        finishing = a->state->mark_finishing(a->attempt()) && finishing;
         // As C10dHandler's mark_finishing: presence and record withdrawn,
         // the done key held.
         C10dRoundWatch::finish(*a->presence, *a->round);
@@ -595,18 +712,73 @@ class Sim {
     }
   }
 
+  // An independent failure: a worker of `a`'s round fails, and every member
+  // whose workers run learns it (attempt/<k>/failure) and stops them.
   void worker_failure(Agent& a) {
-    ++failures;
-    disturbed();
-    const auto& r = *a.round;
-    event("the workers of round " + std::to_string(r.round) + " fail at attempt " +
-          std::to_string(a.attempt) + ": restart");
+    const auto r = *a.round;
+    int hit = 0;
     for (auto& b : agents_) {
-      if (b.phase == Phase::kRunning && b.round->generation == r.generation &&
+      if (b.phase == Phase::kRunning && !b.failed && b.round->generation == r.generation &&
           b.round->round == r.round) {
-        ++b.attempt;
+        fail_workers(b, false, "a worker failed");
+        ++hit;
       }
     }
+    if (hit > 0) ++failures;
+  }
+
+  // A member of a running round is killed or leaves: with some chance the
+  // other members' workers fail too (their peer vanished), either at once,
+  // before any watch noticed the loss, or each as its watch notices it.
+  void loss_failure(const Agent& v) {
+    if (!chance(0.5)) return;
+    const auto r = *v.round;
+    if (chance(0.5)) {
+      loss_after_[{r.generation, r.round}] = r.group_rank;
+      return;
+    }
+    int hit = 0;
+    for (auto& b : agents_) {
+      if (&b != &v && b.phase == Phase::kRunning && !b.failed &&
+          b.round->generation == r.generation && b.round->round == r.round) {
+        fail_workers(b, true, "its peer " + v.name() + " vanished");
+        ++hit;
+      }
+    }
+    if (hit > 0) ++loss_failures_before;
+  }
+
+  // `a`'s workers of attempt k fail (ElasticAgent::settle): the budget's
+  // failure is pending until every member reports its workers stopped or
+  // the round gives way. The job's record of the failure is kept per round
+  // and attempt: every member's share of it is one failure.
+  void fail_workers(Agent& a, bool loss, const std::string& why) {
+    disturbed();
+    const auto& r = *a.round;
+    const int k = a.attempt();
+    auto [it, fresh] = failures_.try_emplace(std::make_tuple(r.generation, r.round, k));
+    if (fresh) {
+      it->second.members = static_cast<int>(r.slots.size());
+      it->second.loss = loss;
+    }
+    it->second.participants.emplace_back(a.id, a.incarnation);
+    // A member that learns of it late, once the job charged it, owes it too.
+    if (it->second.settled && it->second.charged) a.owed = std::max(a.owed, k + 1);
+    const auto verdict = a.budget->on_failure();
+    if (verdict.final) violate(a.name() + ": the restarts ran out (the sim has no end by failure)");
+    a.failed = true;
+    a.wake_at = now_;
+    event(a.name() + "'s workers fail at attempt " + std::to_string(k) + " of round " +
+          std::to_string(r.round) + " (" + why + ")");
+  }
+
+  // This member reports its workers stopped for the pending failure (the
+  // tally attempt/<k>/stopped); true once every member of the round has.
+  bool report_stopped(Agent& a) {
+    const auto& r = *a.round;
+    auto& reported = stopped_[std::make_tuple(r.generation, r.round, a.attempt())];
+    reported.insert(r.group_rank);
+    return reported.size() == r.slots.size();
   }
 
   void arm_lost_answer(Agent& a) {
@@ -655,6 +827,7 @@ class Sim {
     C10dRoundWatch::leave(*store_, r.generation, r.round, r.group_rank);
     C10dRoundWatch::withdraw(*a.presence, r);
     left_[{r.generation, r.round}].push_back(r.group_rank);
+    loss_failure(a);
     end_agent(a, "leaves on purpose (group rank " + std::to_string(r.group_rank) + " of round " +
                      std::to_string(r.round) + ")");
   }
@@ -670,12 +843,14 @@ class Sim {
           C10dState::round_key(a.state->generation(), a.state->round(), "node/" + a.state->slot());
       if (exists(record) &&
           store_->get(record).find("\"pid\":" + std::to_string(a.pid())) != std::string::npos) {
-        slot_holder_.emplace(
-            std::make_tuple(a.state->generation(), a.state->round(), a.state->slot()), a.pid());
+        const auto k = std::make_tuple(a.state->generation(), a.state->round(), a.state->slot());
+        slot_holder_.emplace(k, a.pid());
+        entry_owed_.emplace(k, a.owed);  // the count its record carries
       }
     }
     a.presence->kill();
     a.phase = Phase::kAbsent;
+    a.failed = false;
     a.state.reset();
     a.watch.reset();
     a.round.reset();
@@ -723,14 +898,93 @@ class Sim {
       rosters_[key] = r.slots;
       roster_size_[key] = n;
       ++rounds;
+      // The count the round should carry: the highest its members owed as
+      // they entered it.
+      int owed = 0;
+      for (const auto& slot : r.slots) {
+        auto e = entry_owed_.find(std::make_tuple(r.generation, r.round, slot));
+        if (e != entry_owed_.end()) owed = std::max(owed, e->second);
+      }
+      round_owed_[key] = owed;
+      if (owed < job_count_) {
+        if (opt_.job_count) {
+          violate("round " + std::to_string(r.round) + " forms owing " + std::to_string(owed) +
+                  " restarts, but the job had spent " + std::to_string(job_count_));
+        }
+        ++count_drops;
+        event("round " + std::to_string(r.round) + " forms owing " + std::to_string(owed) +
+              " restarts, the job had spent " + std::to_string(job_count_) +
+              ": no member carries the job's count");
+      }
+      job_count_ = owed;
     } else if (seen->second != r.slots) {
       violate("round " + std::to_string(r.round) +
               " read as two rosters: " + slots_text(seen->second) + " and " + slots_text(r.slots));
     }
   }
 
+  // The ground truth of the job's failures (failures_), from what the store
+  // and the sim saw, not from any agent's budget: the failure of attempt k of
+  // round R is charged once every member reported its workers stopped for
+  // it (attempt k+1 forms), or when R gives way naming no member lost before
+  // it reported (an admission names none); it is explained by a loss when R
+  // gives way naming one. Lost members never report later: the reports the
+  // reform is read with are the ones that count.
+  void settle_failures() {
+    for (auto& [key, f] : failures_) {
+      if (f.settled) continue;
+      const auto& [g, r, k] = key;
+      const auto& reported = stopped_[key];
+      const std::string reform = C10dState::round_key(g, r, "reform");
+      if (static_cast<int>(reported.size()) == f.members) {
+        f.charged = true;
+      } else if (exists(reform)) {
+        const auto j = nlohmann::json::parse(store_->get(reform));
+        const auto lost = j.at("lost").get<std::vector<int>>();
+        // A member lost after it reported its workers stopped for the failure
+        // did not cause it.
+        f.charged =
+            std::all_of(lost.begin(), lost.end(), [&](int m) { return reported.count(m) > 0; });
+      } else {
+        continue;
+      }
+      f.settled = true;
+      if (f.charged) {
+        ++charged;
+        if (f.loss) ++loss_charged;
+        for (const auto& [id, incarnation] : f.participants) {
+          auto& b = agents_[static_cast<size_t>(id)];
+          if (b.live() && b.incarnation == incarnation) b.owed = std::max(b.owed, k + 1);
+        }
+        job_count_ = std::max(job_count_, k + 1);
+      } else {
+        ++explained;
+      }
+      event("the failure of attempt " + std::to_string(k) + " of round " + std::to_string(r) +
+            (f.charged ? " is charged" : " is explained by a loss") + ": the job has spent " +
+            std::to_string(job_count_));
+    }
+  }
+
   void check() {
     resume_due();  // time may have passed in this step
+    settle_failures();
+    // Every agent with no failure pending, running a standing round or
+    // coming back for the next, has spent what it owes: the job's failures
+    // not explained by a loss, no more, no less.
+    for (auto& a : agents_) {
+      if (!a.live() || !a.budget || a.failed) continue;
+      if (a.phase == Phase::kRunning &&
+          exists(C10dState::round_key(a.round->generation, a.round->round, "reform"))) {
+        continue;  // it has yet to notice that its round gave way
+      }
+      if (a.attempt() != a.owed) {
+        violate(a.name() + (a.phase == Phase::kRunning ? " runs round " : " waits for round ") +
+                std::to_string(a.state->round()) + " having spent " + std::to_string(a.attempt()) +
+                " restarts, but the job's failures not explained by a loss are " +
+                std::to_string(a.owed));
+      }
+    }
     // A node is in one running round; two running at once: the older one
     // has given way (its reform is set), its members just have not noticed.
     std::map<std::pair<int, int>, std::set<int>> ranks;
@@ -823,6 +1077,24 @@ class Sim {
   std::map<std::pair<int, int>, std::vector<std::string>> rosters_;
   std::map<std::pair<int, int>, int> roster_size_;
   std::map<std::pair<int, int>, std::vector<int>> left_;  // group ranks that left on purpose
+  // The job's failures by (generation, round, attempt).
+  struct FailureTruth {
+    int members = 0;    // the round's size: the reports that restart it
+    bool loss = false;  // caused by a member's loss
+    bool settled = false;
+    bool charged = false;
+    std::vector<std::pair<int, int>> participants;  // (agent id, incarnation) that had it
+  };
+  std::map<std::tuple<int, int, int>, FailureTruth> failures_;
+  // The group ranks that reported their workers stopped for each failure.
+  std::map<std::tuple<int, int, int>, std::set<int>> stopped_;
+  // Rounds whose lost member (its group rank) fails the others' workers as
+  // each of their watches notices the loss.
+  std::map<std::pair<int, int>, int> loss_after_;
+  // What each entrant owed as it entered a round: (gen, round, slot) -> count.
+  std::map<std::tuple<int, int, std::string>, int> entry_owed_;
+  std::map<std::pair<int, int>, int> round_owed_;  // what each round's members owe
+  int job_count_ = 0;  // the newest round's count, with the charges since it formed
 };
 
 int64_t env_int(const char* name, int64_t fallback) {
@@ -838,6 +1110,8 @@ SimOptions env_options() {
   const std::string faults = v != nullptr && *v != '\0' ? v : "entrants,leave";
   o.kill_entrants = faults.find("entrants") != std::string::npos;
   o.leave = faults.find("leave") != std::string::npos;
+  const char* count = std::getenv("CTORCHRUN_SIM_JOB_COUNT");
+  o.job_count = count != nullptr && std::string(count) == "1";
   return o;
 }
 
@@ -853,6 +1127,8 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
   const bool keep_going = env_int("CTORCHRUN_SIM_KEEP_GOING", 0) != 0;
   const auto started = std::chrono::steady_clock::now();
   int64_t kills = 0, exits = 0, stalls = 0, failures = 0, leaves = 0, rounds = 0, ended = 0;
+  int64_t loss_before = 0, loss_after = 0, refunds = 0, charged = 0, explained = 0,
+          loss_charged = 0, count_drops = 0;
   // keep going: violations by kind (the message without its numbers), with
   // how many seeds showed each and the first of them.
   std::map<std::string, std::pair<int, std::string>> kinds;
@@ -876,13 +1152,27 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
     leaves += sim.leaves;
     rounds += sim.rounds;
     ended += sim.ended;
+    loss_before += sim.loss_failures_before;
+    loss_after += sim.loss_failures_after;
+    refunds += sim.refunds;
+    charged += sim.charged;
+    explained += sim.explained;
+    loss_charged += sim.loss_charged;
+    count_drops += sim.count_drops;
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::cout << "simulated " << count << " seeds in " << secs << " s (" << rounds << " rounds, "
             << ended << " jobs ended, " << kills << " kills, " << exits
             << " exits on a lost answer, " << stalls << " stalls, " << failures
-            << " worker failures, " << leaves << " leaves)" << std::endl;
+            << " worker failures, " << leaves
+            << " leaves)\n  failures a loss caused: " << loss_before
+            << " at once, before any watch noticed the loss, and " << loss_after
+            << " members' as their watch noticed it; the job's failures settled: " << charged
+            << " charged, " << explained << " explained by a loss (" << loss_charged
+            << " caused by a loss but charged: the round gave way for an admission first); "
+            << refunds << " refunds by the agents' budgets; " << count_drops
+            << " rounds formed with none of the members that carried the job's count" << std::endl;
   for (const auto& [kind, k] : kinds) {
     std::cout << k.first << " seeds: " << kind << "\n  first: " << k.second << "\n";
   }
@@ -891,7 +1181,8 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
 
 // ---------------------------------------------------------------------------
 // Scenarios the simulation found, kept small and scripted: each failed
-// before C10dState was fixed for it.
+// before C10dState (or the restart budget, agent/restart_budget.h) was fixed
+// for it.
 
 namespace {
 
@@ -1098,4 +1389,63 @@ TEST_CASE(
   a.presence->kill();
   CHECK_FALSE(store->check({done}));
   CHECK_FALSE(store->check({done + "#gone"}));
+}
+
+TEST_CASE(
+    "c10d simulation: a member lost after it stopped its workers for a failure does not refund "
+    "it while another member's workers still stop",
+    "[sim]") {
+  // Found as seed 787 when the restart budget refunded a failure for any
+  // loss: b reported its workers stopped for the failure and died; a saw the
+  // round give way and refunded the failure, while c, whose workers took
+  // longer to stop, completed the tally and restarted, charged. Their counts
+  // differed, and the job's depended on who carried it on.
+  auto store = std::make_shared<store::HashStore>();
+  ManualClock clock;
+  C10dSettings settings = nnodes(1, 3);
+  settings.max_restarts = 3;
+  ScriptedNode a(store, 0, settings, clock), b(store, 1, settings, clock),
+      c(store, 2, settings, clock);
+  a.state->join();
+  b.state->join();
+  c.state->join();
+  a.round = a.state->poll();
+  b.round = b.state->poll();
+  c.round = c.state->poll();
+  REQUIRE(a.round);
+  REQUIRE(b.round);
+  REQUIRE(c.round);
+  REQUIRE(b.round->group_rank == 1);
+  a.hold_presence();
+  b.hold_presence();
+  c.hold_presence();
+  // ElasticAgent::form_round: the budget the nodes agreed on.
+  RestartBudget budget_a(a.round->max_restarts, true), budget_c(c.round->max_restarts, true);
+  CHECK(budget_a.max() == 3);
+  // Attempt 0 fails; a and b report their workers stopped, c's still stop.
+  budget_a.on_failure();
+  budget_c.on_failure();
+  std::vector<int> stopped{0, 1};
+  b.presence->kill();
+  C10dRoundWatch watch_a(*a.job, settings, *a.round, milliseconds(1'000), clock.fn());
+  auto change = watch_a.check(0);
+  REQUIRE(change);
+  CHECK(change->lost == std::vector<int>{1});
+  CHECK(budget_a.on_round_gives_way(*change, stopped) == RestartBudget::GiveWay::kCharged);
+  // c's report completes the tally: it restarts, and then sees the round
+  // give way while attempt 1 runs.
+  stopped.push_back(2);
+  CHECK(budget_c.on_restart() == 1);
+  C10dRoundWatch watch_c(*c.job, settings, *c.round, milliseconds(1'000), clock.fn());
+  auto seen = watch_c.check(1);
+  REQUIRE(seen);
+  CHECK(budget_c.on_round_gives_way(*seen, {}) == RestartBudget::GiveWay::kReform);
+  CHECK(budget_a.spent() == 1);
+  CHECK(budget_c.spent() == 1);
+  a.state->rejoin(*a.round, budget_a.spent(), change->lost);
+  c.state->rejoin(*c.round, budget_c.spent(), seen->lost);
+  auto next = poll_for(a, clock, milliseconds(10'000));
+  REQUIRE(next);
+  CHECK(next->round == 1);
+  CHECK(next->attempt == 1);
 }
