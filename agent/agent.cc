@@ -1310,35 +1310,28 @@ RunResult run(const LaunchConfig& config) {
   } catch (const ConfigError& e) {
     return RunResult{kUsage, e.what(), {}, "", {}};
   }
-  rendezvous::StaticOptions so;
-  so.master_addr = config.master_addr;
-  so.master_port = config.master_port;
-  so.nnodes = config.nnodes();
-  so.node_rank = config.node_rank;
-  so.run_id = config.run_id;
-  so.timeout = config.rdzv_timeout;
-  so.local_world_size = config.nproc_per_node;
-  so.max_restarts = config.max_restarts;
-  so.host = config.local_addr.empty() ? hostname() : config.local_addr;
-  // The hosted store's limits from --rdzv_conf store_*; unset keeps the store's defaults.
-  auto& limits = so.server.limits;
+  // The job's settings, the same for either rendezvous.
+  rendezvous::JobSettings job;
+  job.run_id = config.run_id;
+  job.min_nodes = config.min_nodes;
+  job.max_nodes = config.max_nodes;
+  job.max_restarts = config.max_restarts;
+  job.entrypoint = config.entrypoint_name;
+  job.local_world_size = config.nproc_per_node;
+  job.host = config.local_addr.empty() ? hostname() : config.local_addr;
+  // The hosted stores' limits from --rdzv_conf store_*; unset keeps the store's defaults.
+  auto& limits = job.server.limits;
   limits.max_key_bytes = config.store_max_key_bytes.value_or(limits.max_key_bytes);
   limits.max_value_bytes = config.store_max_value_bytes.value_or(limits.max_value_bytes);
   limits.max_keys_per_op = config.store_max_keys_per_op.value_or(limits.max_keys_per_op);
   limits.max_request_bytes = config.store_max_request_bytes.value_or(limits.max_request_bytes);
-  so.server.max_connections = config.store_max_connections.value_or(so.server.max_connections);
+  job.server.max_connections = config.store_max_connections.value_or(job.server.max_connections);
   std::unique_ptr<rendezvous::Handler> rdzv;
   if (config.rdzv_backend == "c10d" || config.rdzv_backend == "etcd-v3") {
     rendezvous::C10dOptions co;
+    co.job = job;
     co.endpoint_host = config.rdzv_endpoint_host;
     co.endpoint_port = config.rdzv_endpoint_port;
-    co.run_id = config.run_id;
-    co.min_nodes = config.min_nodes;
-    co.max_nodes = config.max_nodes;
-    co.max_restarts = config.max_restarts;
-    co.entrypoint = config.entrypoint_name;
-    co.local_world_size = config.nproc_per_node;
-    co.host = so.host;
     co.advertise_addr = config.local_addr;
     co.is_host = config.is_host;
     co.join_timeout = config.join_timeout;
@@ -1355,9 +1348,14 @@ RunResult run(const LaunchConfig& config) {
     co.monitor_timeout =
         std::clamp(config.node_timeout / config.keep_alive_max_attempt,
                    std::chrono::milliseconds(500), std::chrono::milliseconds(3'000));
-    co.server = so.server;
     rdzv = std::make_unique<rendezvous::C10dHandler>(co);
   } else {
+    rendezvous::StaticOptions so;
+    so.job = job;
+    so.master_addr = config.master_addr;
+    so.master_port = config.master_port;
+    so.node_rank = config.node_rank;
+    so.timeout = config.rdzv_timeout;
     rdzv = std::make_unique<rendezvous::StaticHandler>(so);
   }
   auto launcher = worker::make_process_launcher();

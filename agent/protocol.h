@@ -34,13 +34,14 @@
 // with a ProtocolError naming the key, and range-checks every index)
 //   ctorchrun/job                 {"run_id": str, "nnodes": int,
 //                                 "max_restarts": int}               (static)
-//   nodes/<n>                     {"local_world_size": int >= 1,
-//                                 "max_restarts": int, "host": str,
-//                                 "pid": int}                        (static)
+//   nodes/<n>                     node record (static): {"host": str,
+//                                 "pid": int, "local_world_size": 1..2^20,
+//                                 "hosts_endpoint": bool}, the one shape of
+//                                 every backend (rendezvous/node_record.h)
 //   g<G>/rdzv/settings            {"nnodes": "MIN:MAX", "max_restarts": int,
 //                                 "entrypoint": str}   first writer wins
-//   g<G>/rdzv/<R>/node/<slot>     {"lws": int, "host": str, "pid": int,
-//                                 "he": bool, "attempt": int}
+//   g<G>/rdzv/<R>/node/<slot>     node record + "attempt": int (the job's
+//                                 restart count the node carries)
 //   g<G>/rdzv/<R>/complete        {"members": [node record + "slot": str]},
 //                                 group-rank order; at most MAX members
 //   g<G>/rdzv/<R>/reform          {"reason": str, "lost": [group ranks],

@@ -66,6 +66,13 @@ std::string local_address_towards(const std::string& host, int port) {
   return found;
 }
 
+namespace {
+// What the c10d rendezvous makes the nodes agree on.
+C10dSettings settings_of(const JobSettings& job) {
+  return C10dSettings{job.min_nodes, job.max_nodes, job.max_restarts, job.entrypoint};
+}
+}  // namespace
+
 milliseconds wait_slice(milliseconds poll_interval, milliseconds until_last_call,
                         milliseconds until_deadline) {
   milliseconds slice = poll_interval;
@@ -103,12 +110,10 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   open_background_ = coord_->background();
   presence_ = coord_->presence();
   job_ = std::make_shared<store::PrefixStore>(job_prefix_, conn_);
-  C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
-                        options_.entrypoint};
+  C10dSettings settings = settings_of(options_.job);
   NodeInfo me;
-  me.local_world_size = options_.local_world_size;
-  me.max_restarts = options_.max_restarts;
-  me.host = options_.host;
+  me.local_world_size = options_.job.local_world_size;
+  me.host = options_.job.host;
   me.pid = static_cast<int>(::getpid());
   me.hosts_endpoint = coord_->hosts_endpoint();
   C10dTiming timing;
@@ -121,7 +126,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   } catch (const IoError& e) {
     throw Error("lost the rendezvous store at " + endpoint_ + " while joining: " + e.what());
   }
-  log->debug("rendezvous '{}': entered round {} of generation {} as {}", options_.run_id,
+  log->debug("rendezvous '{}': entered round {} of generation {} as {}", options_.job.run_id,
              state_->round(), state_->generation(), state_->slot());
   return form();
 }
@@ -155,9 +160,8 @@ RendezvousInfo C10dHandler::form() {
       get_logger("rdzv")->warn(
           "rendezvous '{}': node 0 of round {} ({}) was lost before it served the workers' store; "
           "forming the next round",
-          options_.run_id, round.round, round.nodes.at(0).host);
-      C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
-                            options_.entrypoint};
+          options_.job.run_id, round.round, round.nodes.at(0).host);
+      C10dSettings settings = settings_of(options_.job);
       C10dRoundWatch watch(*job_, settings, round, options_.last_call_timeout);
       auto change = watch.reform(
           {"node 0 was lost before it served the workers' store", {0}, "agent exited"});
@@ -175,7 +179,7 @@ void C10dHandler::linger_for_members() {
   const int running = state_->round() - 1;
   const auto until = Clock::now() + milliseconds(10'000);
   try {
-    for (int g = 0; g < options_.max_nodes && Clock::now() < until; ++g) {
+    for (int g = 0; g < options_.job.max_nodes && Clock::now() < until; ++g) {
       const std::string key = C10dRoundWatch::present_key(state_->generation(), running, g);
       while (job_->check({key}) && Clock::now() < until) {
         std::this_thread::sleep_for(milliseconds(50));
@@ -208,25 +212,26 @@ C10dRound C10dHandler::form_round() {
             log->info(
                 "rendezvous '{}': the job runs with its maximum of {} nodes; waiting as a spare "
                 "for a place in a later round",
-                options_.run_id, options_.max_nodes);
+                options_.job.run_id, options_.job.max_nodes);
           } else {
             log->info(
                 "rendezvous '{}': the job is running; waiting to be admitted at its next "
                 "re-formation",
-                options_.run_id);
+                options_.job.run_id);
           }
         }
         was_waiting = true;
         waiting_round = state_->round();
       } else if (Clock::now() >= deadline) {
-        throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
+        throw TimeoutError("rendezvous '" + options_.job.run_id + "' timed out after " +
                            format_duration(options_.join_timeout) + ": " + state_->progress() +
                            " (endpoint " + endpoint_ +
                            "); start the other nodes with the same --rdzv_endpoint and --rdzv_id, "
                            "or lower --nnodes' minimum");
       } else if (Clock::now() >= next_log) {
         next_log = Clock::now() + options_.wait_log_interval;
-        log->info("rendezvous '{}': waiting for nodes: {}", options_.run_id, state_->progress());
+        log->info("rendezvous '{}': waiting for nodes: {}", options_.job.run_id,
+                  state_->progress());
       }
       const auto slice =
           wait_slice(options_.poll_interval, state_->until_last_call(), left_until(deadline));
@@ -241,8 +246,8 @@ C10dRound C10dHandler::form_round() {
     throw Error("lost the rendezvous store at " + endpoint_ + " while round " +
                 std::to_string(std::max(state_->round(), 0)) + " formed: " + e.what());
   }
-  log->debug("rendezvous '{}': round {} formed after {} polls in {}", options_.run_id, round->round,
-             polls,
+  log->debug("rendezvous '{}': round {} formed after {} polls in {}", options_.job.run_id,
+             round->round, polls,
              format_duration(std::chrono::duration_cast<milliseconds>(Clock::now() - started)));
   return *round;
 }
@@ -302,7 +307,7 @@ C10dHandler::WorkersStore C10dHandler::publish_workers_store(const C10dRound& ro
   if (round.group_rank == 0) {
     workers_addr = options_.advertise_addr.empty() ? local_address_towards(addr, port)
                                                    : strip_brackets(options_.advertise_addr);
-    store::ServerOptions so = options_.server;
+    store::ServerOptions so = options_.job.server;
     so.host = bind_address_for(workers_addr);  // IoError: not an address of this host
     so.port = 0;
     workers_server_ = store::TcpStoreServer::start(so);
@@ -408,8 +413,7 @@ void C10dHandler::watch_membership(const C10dRound& round, const WorkersStore& w
     std::shared_ptr<HostProbe> rank0;
   };
   auto watcher = std::make_shared<Watcher>();
-  C10dSettings settings{options_.min_nodes, options_.max_nodes, options_.max_restarts,
-                        options_.entrypoint};
+  C10dSettings settings = settings_of(options_.job);
   // Where presence goes only seconds after a loss (etcd), rank 0's death
   // shows at once as its workers' store closing.
   const bool probe_rank0 = coord_->probes_rank0() && round.group_rank != 0;
@@ -469,7 +473,7 @@ void C10dHandler::set_up_ending(const C10dRound& round, RendezvousInfo& info) {
   const auto linger = std::min(options_.close_timeout, milliseconds(3'000));
   info.tidy = coord_->tidy(round);
   info.close = [state, hosts_endpoint, linger,
-                run_id = options_.run_id](const std::string& outcome) {
+                run_id = options_.job.run_id](const std::string& outcome) {
     int waiting = state->close(outcome);
     if (!hosts_endpoint || waiting <= 0) return;
     // The endpoint's store goes with this agent: let the waiting nodes read

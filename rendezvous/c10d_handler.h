@@ -74,7 +74,7 @@ class C10dHandler : public Handler {
 
   RendezvousInfo next_rendezvous() override;
   RendezvousInfo next_round(const MembershipChange& change, int attempt) override;
-  const std::string& run_id() const override { return options_.run_id; }
+  const std::string& run_id() const override { return options_.job.run_id; }
   // This agent's presence goes now (etcd-v3: its lease is revoked).
   void abandon() noexcept override;
 

@@ -9,20 +9,17 @@
 #include <vector>
 
 #include "etcd/client.h"
+#include "rendezvous/handler.h"
 #include "store/tcp_store_server.h"
 
 namespace ctorchrun::rendezvous {
 
 struct C10dOptions {
+  // The job's settings and this node; job.server: the limits of the stores
+  // it hosts (the endpoint's, the workers').
+  JobSettings job;
   std::string endpoint_host = "127.0.0.1";  // brackets of an IPv6 literal allowed
   int endpoint_port = 29400;
-  std::string run_id = "none";
-  int min_nodes = 1;
-  int max_nodes = 1;
-  int max_restarts = 0;
-  std::string entrypoint;
-  int local_world_size = 1;
-  std::string host;            // this node's name as announced to others
   std::string advertise_addr;  // where workers reach the workers' store; empty: found
   std::optional<bool> is_host;
   std::chrono::milliseconds join_timeout{600'000};
@@ -52,7 +49,6 @@ struct C10dOptions {
   // Unset: join_timeout.
   std::optional<std::chrono::milliseconds> closed_window;
   std::chrono::milliseconds wait_log_interval{30'000};
-  store::ServerOptions server;  // limits of the hosted store (host, port set here)
 };
 
 }  // namespace ctorchrun::rendezvous

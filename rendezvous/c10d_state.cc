@@ -5,6 +5,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "rendezvous/node_record.h"
 #include "store/protocol.h"
 
 namespace ctorchrun::rendezvous {
@@ -237,12 +238,9 @@ void C10dState::enter_as_newcomer(int round, int attempt, bool open) {
 }
 
 std::string C10dState::record_json(int attempt) const {
-  return nlohmann::json{{"lws", me_.local_world_size},
-                        {"host", me_.host},
-                        {"pid", me_.pid},
-                        {"he", me_.hosts_endpoint},
-                        {"attempt", attempt}}
-      .dump();
+  nlohmann::json j = node_record(me_);
+  j["attempt"] = attempt;
+  return j.dump();
 }
 
 void C10dState::enter(const std::string& slot, int attempt) {
@@ -365,24 +363,11 @@ C10dRound C10dState::read_roster(const std::string& raw) {
   for (const auto& m : *members) {
     if (!m.is_object()) throw ProtocolError("unreadable roster at key '" + k + "'");
     auto slot = m.find("slot");
-    auto host = m.find("host");
-    if (slot == m.end() || !slot->is_string() || host == m.end() || !host->is_string()) {
-      throw ProtocolError("unreadable roster at key '" + k + "': a member without slot or host");
+    if (slot == m.end() || !slot->is_string()) {
+      throw ProtocolError("unreadable roster at key '" + k + "': a member without a slot");
     }
-    NodeInfo n;
+    NodeInfo n = parse_node_record(m, k);
     n.group_rank = static_cast<int>(r.nodes.size());
-    n.local_world_size = int_field(m, "lws", k);
-    n.pid = int_field(m, "pid", k);
-    n.host = host->get<std::string>();
-    n.max_restarts = settings_.max_restarts;
-    auto he = m.find("he");
-    n.hosts_endpoint = he != m.end() && he->is_boolean() && he->get<bool>();
-    if (n.local_world_size < 1) {
-      throw ProtocolError("roster at key '" + k + "': a member with local_world_size 0");
-    }
-    if (n.local_world_size > (1 << 20)) {
-      throw ProtocolError("roster at key '" + k + "': local_world_size out of range");
-    }
     world += n.local_world_size;
     r.attempt = std::max(r.attempt, int_field(m, "attempt", k));
     if (slot->get<std::string>() == slot_) r.group_rank = n.group_rank;

@@ -21,9 +21,10 @@
 //                        node that completed it).
 //   g<G>/rdzv/<R>/...    round R:
 //     joined             tally (store.h): a newcomer's place i (its slot "n<i>")
-//     node/<slot>        a node's record {"lws", "host", "pid", "he" (hosts the
-//                        endpoint), "attempt" (the job's restart count it
-//                        carries; 0 for a newcomer)}. Slots: "n<i>" for the
+//     node/<slot>        a node's record (rendezvous/node_record.h: "host",
+//                        "pid", "local_world_size", "hosts_endpoint") and
+//                        "attempt" (the job's restart count it carries; 0
+//                        for a newcomer). Slots: "n<i>" for the
 //                        i-th newcomer, "m<g>" for the member of round R-1
 //                        with group rank g, coming back.
 //     entered            tally of slots, once the node's record is written

@@ -33,7 +33,7 @@ class EtcdCoordination : public Coordination {
     for (const auto& e : options_.etcd_endpoints) list_ += (list_.empty() ? "" : ",") + e;
     endpoint_ = "etcd " + list_;
     root_ = options_.etcd_prefix + "/";
-    job_prefix_ = options_.run_id;
+    job_prefix_ = options_.job.run_id;
   }
 
   void open() override {
@@ -160,7 +160,7 @@ class EtcdCoordination : public Coordination {
     get_logger("rdzv")->warn(
         "rendezvous '{}': this node's lease is gone ({}); the others count this node lost. "
         "Coming back under a new lease",
-        options_.run_id, why);
+        options_.job.run_id, why);
     // Keys of the old lease went with it.
     lease_store_->bind_keys_to_lease(lease_ttl_);
     return true;
@@ -170,7 +170,7 @@ class EtcdCoordination : public Coordination {
   // moves to generation 0 on a lease of join_timeout: within it a node of
   // this id is refused, after it the prefix is empty.
   std::function<void()> tidy(const C10dRound& round) const override {
-    return [client = client_, root = root_ + options_.run_id + "/",
+    return [client = client_, root = root_ + options_.job.run_id + "/",
             closed = C10dState::closed_key(round.generation),
             window = options_.closed_window.value_or(options_.join_timeout)] {
       auto rlog = get_logger("rdzv");

@@ -12,17 +12,33 @@
 
 #include "common/error.h"
 #include "store/store.h"
+#include "store/tcp_store_server.h"
 
 namespace ctorchrun::rendezvous {
 
-// What one node announced when it joined.
+// What one node announced when it joined (rendezvous/node_record.h: its
+// record, one JSON shape on every backend).
 struct NodeInfo {
   int group_rank = 0;
   int local_world_size = 0;
-  int max_restarts = 0;
   std::string host;
   int pid = 0;
   bool hosts_endpoint = false;  // c10d: this node's agent hosts the endpoint's store
+};
+
+// The settings of a job that every node is started with, the rendezvous
+// makes the nodes agree on (a node whose settings differ is refused, naming
+// both values), and how this node announces itself. Shared by the options of
+// both handlers (StaticOptions, C10dOptions).
+struct JobSettings {
+  std::string run_id = "none";
+  int min_nodes = 1;  // static: min_nodes == max_nodes == --nnodes
+  int max_nodes = 1;
+  int max_restarts = 0;
+  std::string entrypoint;       // the script (c10d compares it; static does not)
+  int local_world_size = 1;     // this node's workers
+  std::string host;             // this node's name or address as announced to others
+  store::ServerOptions server;  // limits of a store this node hosts (address set by the handler)
 };
 
 // Why a running round gives way to the next (c10d).

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/node_record.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
@@ -59,9 +60,9 @@ int StaticHandler::check_admission(store::Store& root, store::Store& job,
   const std::string run_id = settings["run_id"].get<std::string>();
   const int nnodes = int_setting(settings, "nnodes", endpoint);
   const int max_restarts = int_setting(settings, "max_restarts", endpoint);
-  if (run_id != options_.run_id) {
+  if (run_id != options_.job.run_id) {
     throw RendezvousClosedError("the store at " + endpoint + " serves job '" + run_id + "', not '" +
-                                options_.run_id +
+                                options_.job.run_id +
                                 "'; check --master_addr/--master_port and --rdzv_id");
   }
   if (root.check({kFormedKey})) {
@@ -73,16 +74,16 @@ int StaticHandler::check_admission(store::Store& root, store::Store& job,
   auto differ = [&](const char* flag, int theirs, int mine) {
     std::string why = std::string("nodes disagree on ") + flag + ": node 0 has " +
                       std::to_string(theirs) + ", node " + std::to_string(options_.node_rank) +
-                      " (" + options_.host + ") has " + std::to_string(mine) +
+                      " (" + options_.job.host + ") has " + std::to_string(mine) +
                       "; give every node the same value";
     // Same job, not formed yet: tell the others, so that they stop too.
     job.compare_set(kRefusedKey, "", why);
     log->debug("refusing job '{}': {}", run_id, why);
     throw ConfigError(why);
   };
-  if (nnodes != options_.nnodes) differ("--nnodes", nnodes, options_.nnodes);
-  if (max_restarts != options_.max_restarts) {
-    differ("--max_restarts", max_restarts, options_.max_restarts);
+  if (nnodes != options_.job.max_nodes) differ("--nnodes", nnodes, options_.job.max_nodes);
+  if (max_restarts != options_.job.max_restarts) {
+    differ("--max_restarts", max_restarts, options_.job.max_restarts);
   }
   return max_restarts;
 }
@@ -94,14 +95,14 @@ void StaticHandler::await_nodes(store::Store& job, const std::vector<std::string
   auto missing = [&] {
     std::string m;
     int joined = 0;
-    for (int r = 0; r < options_.nnodes; ++r) {
+    for (int r = 0; r < options_.job.max_nodes; ++r) {
       if (job.check({node_key(r)})) {
         ++joined;
       } else {
         m += (m.empty() ? "" : ", ") + std::to_string(r);
       }
     }
-    return std::to_string(joined) + " of " + std::to_string(options_.nnodes) +
+    return std::to_string(joined) + " of " + std::to_string(options_.job.max_nodes) +
            " nodes joined (missing node ranks " + m + "; endpoint " + endpoint + ")";
   };
   for (;;) {
@@ -112,14 +113,14 @@ void StaticHandler::await_nodes(store::Store& job, const std::vector<std::string
     }
     if (job.check({kRefusedKey})) throw ConfigError(job.get(kRefusedKey));
     if (Clock::now() >= deadline) {
-      throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
+      throw TimeoutError("rendezvous '" + options_.job.run_id + "' timed out after " +
                          format_duration(options_.timeout) + ": " + missing() +
                          "; start every node with the same --nnodes, --master_addr and "
                          "--master_port");
     }
     if (Clock::now() >= next_log) {
       next_log = Clock::now() + options_.wait_log_interval;
-      log->info("rendezvous '{}': waiting for the other nodes: {}", options_.run_id, missing());
+      log->info("rendezvous '{}': waiting for the other nodes: {}", options_.job.run_id, missing());
     }
   }
 }
@@ -136,7 +137,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     // Both families of a loopback master_addr, so that nodes spelling it
     // 127.0.0.1, [::1] or localhost all reach it.
     const auto bind = bind_addresses_for(addr);  // IoError: not resolvable, not this host
-    store::ServerOptions so = options_.server;
+    store::ServerOptions so = options_.job.server;
     so.host = bind.front();
     so.also_hosts.assign(bind.begin() + 1, bind.end());
     so.port = static_cast<uint16_t>(options_.master_port);
@@ -151,7 +152,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     endpoint = format_endpoint(addr, port);
   }
 
-  const std::string prefix = std::string(kNamespace) + "/" + options_.run_id;
+  const std::string prefix = std::string(kNamespace) + "/" + options_.job.run_id;
   // Each store call of the agents is short; long waits pass their own timeout.
   auto connect = [addr, port, prefix](milliseconds connect_timeout, milliseconds op_timeout) {
     return std::make_shared<store::PrefixStore>(
@@ -165,11 +166,11 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   retry.wait_log_interval = options_.wait_log_interval;
   retry.on_wait = [&](const std::string& why) {
     log->info("rendezvous '{}': waiting for node 0's store at {} ({} of {} left): {}",
-              options_.run_id, endpoint, format_duration(left_until(deadline)),
+              options_.job.run_id, endpoint, format_duration(left_until(deadline)),
               format_duration(options_.timeout), why);
   };
   retry.timeout_message = [&](const std::string& why) {
-    return "rendezvous '" + options_.run_id + "' failed: cannot reach the store of node 0 at " +
+    return "rendezvous '" + options_.job.run_id + "' failed: cannot reach the store of node 0 at " +
            endpoint + " within " + format_duration(options_.timeout) +
            "; check that node 0 runs and that --master_addr/--master_port point to it (" + why +
            ")";
@@ -179,12 +180,12 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   auto store = std::make_shared<store::PrefixStore>(prefix, conn);
 
   // The job's max_restarts: node 0's, as its record says; every node uses it.
-  int agreed_max_restarts = options_.max_restarts;
+  int agreed_max_restarts = options_.job.max_restarts;
   if (options_.node_rank == 0) {
     // Before any node can announce itself: what this job is.
-    nlohmann::json settings = {{"run_id", options_.run_id},
-                               {"nnodes", options_.nnodes},
-                               {"max_restarts", options_.max_restarts}};
+    nlohmann::json settings = {{"run_id", options_.job.run_id},
+                               {"nnodes", options_.job.max_nodes},
+                               {"max_restarts", options_.job.max_restarts}};
     root->set(kJobKey, settings.dump());
   } else {
     for (;;) {
@@ -195,22 +196,23 @@ RendezvousInfo StaticHandler::next_rendezvous() {
       } catch (const TimeoutError&) {
       }
       if (Clock::now() >= deadline) {
-        throw TimeoutError("rendezvous '" + options_.run_id + "' timed out after " +
+        throw TimeoutError("rendezvous '" + options_.job.run_id + "' timed out after " +
                            format_duration(options_.timeout) + ": the store at " + endpoint +
                            " never said which job it serves; is it node 0 of a ctorchrun job?");
       }
       log->info("rendezvous '{}': waiting for node 0 at {} to publish the job's settings",
-                options_.run_id, endpoint);
+                options_.job.run_id, endpoint);
     }
     agreed_max_restarts = check_admission(*root, *store, endpoint);
   }
 
   // Announce ourselves; a rank already taken by someone else is a mistake.
-  nlohmann::json me = {{"local_world_size", options_.local_world_size},
-                       {"max_restarts", options_.max_restarts},
-                       {"host", options_.host},
-                       {"pid", static_cast<int>(::getpid())}};
-  std::string mine = me.dump();
+  NodeInfo self;
+  self.local_world_size = options_.job.local_world_size;
+  self.host = options_.job.host;
+  self.pid = static_cast<int>(::getpid());
+  self.hosts_endpoint = options_.node_rank == 0;
+  std::string mine = node_record(self).dump();
   std::string got = store->compare_set(node_key(options_.node_rank), "", mine);
   if (got != mine) {
     auto other = nlohmann::json::parse(got, nullptr, false);
@@ -221,12 +223,12 @@ RendezvousInfo StaticHandler::next_rendezvous() {
                    ? std::to_string(other["pid"].get<int64_t>())
                    : std::string("?");
     throw ConfigError("node rank " + std::to_string(options_.node_rank) +
-                      " is already taken in job '" + options_.run_id + "' by host " + host +
+                      " is already taken in job '" + options_.job.run_id + "' by host " + host +
                       " pid " + pid + "; give every node a distinct --node_rank");
   }
 
   std::vector<std::string> keys;
-  for (int r = 0; r < options_.nnodes; ++r) keys.push_back(node_key(r));
+  for (int r = 0; r < options_.job.max_nodes; ++r) keys.push_back(node_key(r));
   await_nodes(*store, keys, deadline, endpoint);
   if (options_.node_rank == 0) root->set(kFormedKey, "1");
 
@@ -235,7 +237,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   // Node 0 keeps the store up until every node has read the others' records,
   // so that a node that finds a mismatch below cannot take the store away from
   // one that has yet to find it (the others would see a closed connection).
-  if (store->add("nodes_read", 1) == options_.nnodes) store->set("nodes_all_read", "1");
+  if (store->add("nodes_read", 1) == options_.job.max_nodes) store->set("nodes_all_read", "1");
   if (options_.node_rank == 0) {
     try {
       store->wait({"nodes_all_read"},
@@ -244,37 +246,11 @@ RendezvousInfo StaticHandler::next_rendezvous() {
       // A node died between joining and reading: the job will notice.
     }
   }
-  for (int r = 0; r < options_.nnodes; ++r) {
+  for (int r = 0; r < options_.job.max_nodes; ++r) {
     const std::string key = node_key(r);
     auto j = nlohmann::json::parse(values[static_cast<size_t>(r)], nullptr, false);
-    if (!j.is_object()) throw ProtocolError("unreadable node record at key '" + key + "'");
-    auto field = [&](const char* name) {
-      auto it = j.find(name);
-      if (it == j.end() || !it->is_number_integer()) {
-        throw ProtocolError("node record at key '" + key + "': '" + name + "' is not an integer");
-      }
-      return it->get<int>();
-    };
-    NodeInfo n;
+    NodeInfo n = parse_node_record(j, key);  // ProtocolError naming the key
     n.group_rank = r;
-    n.local_world_size = field("local_world_size");
-    n.max_restarts = field("max_restarts");
-    n.pid = field("pid");
-    auto h = j.find("host");
-    if (h == j.end() || !h->is_string()) {
-      throw ProtocolError("node record at key '" + key + "': 'host' is not a string");
-    }
-    n.host = h->get<std::string>();
-    if (n.local_world_size < 1) {
-      throw ProtocolError("node record at key '" + key + "': local_world_size " +
-                          std::to_string(n.local_world_size) + " is not positive");
-    }
-    if (n.max_restarts != options_.max_restarts) {
-      throw ConfigError("nodes disagree on --max_restarts: node " + std::to_string(r) + " (" +
-                        n.host + ") has " + std::to_string(n.max_restarts) + ", node " +
-                        std::to_string(options_.node_rank) + " has " +
-                        std::to_string(options_.max_restarts) + "; give every node the same value");
-    }
     info.nodes.push_back(n);
   }
   info.store = store;
@@ -284,7 +260,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   info.connect = [connect] { return connect(milliseconds(3'000), milliseconds(3'000)); };
   info.namespace_prefix = std::string("/") + kNamespace + "/";
   info.group_rank = options_.node_rank;
-  info.group_world_size = options_.nnodes;
+  info.group_world_size = options_.job.max_nodes;
   info.master_addr = addr;
   info.master_port = port;
   if (server_) {

@@ -36,17 +36,13 @@ class TcpStoreServer;
 namespace ctorchrun::rendezvous {
 
 struct StaticOptions {
+  // The job (job.min_nodes == job.max_nodes: --nnodes), this node, and the
+  // limits of the store node 0 hosts at master_addr:master_port.
+  JobSettings job;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0 (node 0 only): a free port
-  int nnodes = 1;
   int node_rank = 0;
-  std::string run_id = "none";
   std::chrono::milliseconds timeout{900'000};
-  int local_world_size = 1;
-  int max_restarts = 0;
-  std::string host;  // this node's address as announced to others
-  // Limits of the store node 0 hosts (its host and port come from the fields above).
-  store::ServerOptions server;
   std::chrono::milliseconds wait_log_interval{30'000};  // "still waiting" lines
 };
 
@@ -56,7 +52,7 @@ class StaticHandler : public Handler {
   ~StaticHandler() override;
 
   RendezvousInfo next_rendezvous() override;
-  const std::string& run_id() const override { return options_.run_id; }
+  const std::string& run_id() const override { return options_.job.run_id; }
 
   // The agents' key namespace on the wire: keys of torch's clients never start
   // with it (theirs are "init/", "/<run_id>/", "//worker/", "/default_pg/").

@@ -40,22 +40,22 @@ class TcpCoordination : public Coordination {
     retry.wait_log_interval = options_.wait_log_interval;
     retry.op_timeout = options_.read_timeout;
     retry.on_wait = [&](const std::string& why) {
-      log->info("rendezvous '{}': waiting for the endpoint {}: {}", options_.run_id, endpoint_,
+      log->info("rendezvous '{}': waiting for the endpoint {}: {}", options_.job.run_id, endpoint_,
                 why);
     };
     retry.timeout_message = [&](const std::string& why) {
-      return "rendezvous '" + options_.run_id + "' timed out after " +
+      return "rendezvous '" + options_.job.run_id + "' timed out after " +
              format_duration(options_.join_timeout) + ": cannot reach the endpoint " + endpoint_ +
              "; check --rdzv_endpoint and that its host runs (" + why + ")";
     };
     conn_ = connect_until(addr, port, retry);
     // torchrun's c10d agents keep one blob under this key of the same store.
-    if (conn_->check({"torch.rendezvous." + options_.run_id})) {
+    if (conn_->check({"torch.rendezvous." + options_.job.run_id})) {
       throw ConfigError("the endpoint " + endpoint_ + " holds torchrun's rendezvous for id '" +
-                        options_.run_id + "' (key torch.rendezvous." + options_.run_id +
+                        options_.job.run_id + "' (key torch.rendezvous." + options_.job.run_id +
                         "); start every node with ctorchrun, or use another --rdzv_id");
     }
-    job_prefix_ = std::string(StaticHandler::kNamespace) + "/" + options_.run_id;
+    job_prefix_ = std::string(StaticHandler::kNamespace) + "/" + options_.job.run_id;
     // This agent's presence: a connection whose keys vanish with it
     // (store/protocol.h's BIND_KEYS). A store without the extension leaves
     // the heartbeats to notice a lost agent.
@@ -123,7 +123,7 @@ class TcpCoordination : public Coordination {
       log->debug("not hosting the rendezvous endpoint: {}", e.what());
       return;
     }
-    store::ServerOptions so = options_.server;
+    store::ServerOptions so = options_.job.server;
     so.host = bind.front();
     so.also_hosts.assign(bind.begin() + 1, bind.end());
     so.port = static_cast<uint16_t>(options_.endpoint_port);

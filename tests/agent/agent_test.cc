@@ -133,7 +133,7 @@ class FakeRendezvous : public rendezvous::Handler {
     info.group_rank = rank;
     info.group_world_size = world;
     for (int n = 0; n < world; ++n) {
-      info.nodes.push_back(rendezvous::NodeInfo{n, 2, 0, "fakehost" + std::to_string(n), 1});
+      info.nodes.push_back(rendezvous::NodeInfo{n, 2, "fakehost" + std::to_string(n), 1});
     }
     info.master_addr = "127.0.0.1";
     info.master_port = 1234;

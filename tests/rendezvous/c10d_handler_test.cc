@@ -31,11 +31,11 @@ rendezvous::C10dOptions node_options(int port, int min_nodes, int max_nodes) {
   rendezvous::C10dOptions o;
   o.endpoint_host = "127.0.0.1";
   o.endpoint_port = port;
-  o.run_id = "job";
-  o.min_nodes = min_nodes;
-  o.max_nodes = max_nodes;
-  o.entrypoint = "train.py";
-  o.host = "localhost";
+  o.job.run_id = "job";
+  o.job.min_nodes = min_nodes;
+  o.job.max_nodes = max_nodes;
+  o.job.entrypoint = "train.py";
+  o.job.host = "localhost";
   o.join_timeout = 20s;
   o.last_call_timeout = 100ms;
   o.read_timeout = 5s;

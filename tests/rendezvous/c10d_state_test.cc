@@ -7,10 +7,12 @@
 
 #include <catch2/catch.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
 #include "common/error.h"
+#include "rendezvous/node_record.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 
@@ -890,4 +892,37 @@ TEST_CASE(
     REQUIRE(ra.has_value());
     CHECK(ra->nodes.size() == 1);
   }
+}
+
+TEST_CASE("node record: one shape on every backend, read back whole, a peer's bad field refused",
+          "[unit]") {
+  rendezvous::NodeInfo n;
+  n.host = "host7";
+  n.pid = 4242;
+  n.local_world_size = 8;
+  n.hosts_endpoint = true;
+  auto back = rendezvous::parse_node_record(rendezvous::node_record(n), "nodes/1");
+  CHECK(back.host == "host7");
+  CHECK(back.pid == 4242);
+  CHECK(back.local_world_size == 8);
+  CHECK(back.hosts_endpoint);
+  auto refused = [](const std::string& raw) {
+    try {
+      rendezvous::parse_node_record(nlohmann::json::parse(raw, nullptr, false), "nodes/1");
+    } catch (const ProtocolError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (const char* raw : {R"(not json)", R"([])", R"({"pid":1,"local_world_size":1})",
+                          R"({"host":"h","pid":1,"local_world_size":0})",
+                          R"({"host":"h","pid":1,"local_world_size":2000000})",
+                          R"({"host":"h","pid":-1,"local_world_size":1})",
+                          R"({"host":"h","pid":"1","local_world_size":1})",
+                          R"({"host":"h","pid":1,"local_world_size":1,"hosts_endpoint":1})"}) {
+    INFO(raw);
+    CHECK(refused(raw).find("key 'nodes/1'") != std::string::npos);
+  }
+  CHECK(refused(R"({"host":")" + std::string(300, 'x') + R"(","pid":1,"local_world_size":1})")
+            .find("255") != std::string::npos);
 }

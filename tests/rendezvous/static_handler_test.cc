@@ -39,11 +39,11 @@ struct JobStore {
   rendezvous::StaticOptions node(int rank, int nnodes, int max_restarts = 0) const {
     rendezvous::StaticOptions o;
     o.master_port = server->port();
-    o.nnodes = nnodes;
+    o.job.min_nodes = o.job.max_nodes = nnodes;
     o.node_rank = rank;
-    o.max_restarts = max_restarts;
+    o.job.max_restarts = max_restarts;
     o.timeout = 300ms;
-    o.host = "node" + std::to_string(rank);
+    o.job.host = "node" + std::to_string(rank);
     return o;
   }
   std::unique_ptr<store::TcpStoreServer> server;
@@ -67,7 +67,7 @@ TEST_CASE("static rendezvous: a store serving another run id is refused, nothing
           "[net]") {
   JobStore s("jobA", 2, 0);
   auto o = s.node(1, 2);
-  o.run_id = "jobB";
+  o.job.run_id = "jobB";
   auto keys_before = s.client->num_keys();
   auto msg = error_of<RendezvousClosedError>(o);
   CHECK(msg.find("serves job 'jobA'") != std::string::npos);
@@ -125,7 +125,7 @@ TEST_CASE("static rendezvous: a node waiting for node 0 says so every interval, 
   rendezvous::StaticOptions o;
   o.master_addr = "no-such-host.invalid";
   o.master_port = 29400;
-  o.nnodes = 2;
+  o.job.min_nodes = o.job.max_nodes = 2;
   o.node_rank = 1;
   o.timeout = 400ms;
   o.wait_log_interval = 100ms;
