@@ -171,7 +171,7 @@ TEST_CASE("job monitor: the view goes stale when the host stops publishing", "[u
 TEST_CASE(
     "job monitor: stopping it interrupts the store wait its thread is blocked in instead of "
     "waiting out the slice",
-    "[net]") {
+    "[multiproc]") {
   // Every job's exit destroys the monitor: its thread waits on the failure
   // key in slices (failure_poll), and the exit must not wait one out.
   store::ServerOptions so;
