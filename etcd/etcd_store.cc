@@ -415,13 +415,17 @@ int64_t EtcdStore::tally_add(const std::string& key, const std::string& entry) {
     core_->call("/v3/kv/txn", ensure, true);
     const auto kv = client_->get(mine);
     if (!kv) throw ProtocolError(ctx + ": the enrolment " + printable(mine) + " vanished");
+    // The keys themselves, not count_only: etcd's count is the range's
+    // total before the revision filter is applied (only the returned keys
+    // are filtered), so a count would include later enrolments.
     const json resp = core_->call("/v3/kv/range",
                                   {{"key", b64(dir)},
                                    {"range_end", b64(detail::prefix_end(dir))},
-                                   {"count_only", true},
+                                   {"keys_only", true},
                                    {"max_create_revision", std::to_string(kv->create_revision)}},
                                   true);
-    place = detail::int_field(resp, "count", ctx);
+    const json* kvs = detail::array_field(resp, "kvs", ctx);
+    place = kvs == nullptr ? 0 : static_cast<std::int64_t>(kvs->size());
   }
   if (place < 1)
     throw ProtocolError(ctx + ": the count after an enrolment is " + std::to_string(place));

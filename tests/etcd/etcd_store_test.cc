@@ -521,7 +521,7 @@ TEST_CASE("EtcdStore: with three members, calls and a blocked wait survive a mem
 
 TEST_CASE(
     "EtcdStore: a tally enrolment whose answer was lost after etcd applied it is recovered, "
-    "counted once at its place",
+    "counted once at its own place even when others enrolled meanwhile",
     "[multiproc]") {
   EtcdCluster cluster(1);
   const std::string member = cluster.client_endpoint(0);
@@ -540,6 +540,14 @@ TEST_CASE(
   CHECK(entries == std::vector<std::string>{"a", "b"});
   CHECK(direct->tally_add("t", "c") == 3);
   CHECK(through.tally_add("t", "d") == 4);
+  // Another node enrols after the lost one was applied and before it reads
+  // its place back: the lost one keeps its own place (5), the other has 6.
+  int64_t other = 0;
+  proxy.on_drop([&] { other = direct->tally_add("t", "f"); });
+  proxy.drop_answer_to({"POST /v3/kv/txn", "request_put", "count_only"});
+  CHECK(through.tally_add("t", "e") == 5);
+  CHECK(other == 6);
+  CHECK(direct->tally_count("t") == 6);
 }
 
 TEST_CASE("EtcdStore: add(key, 0) on a missing key returns 0 and writes nothing", "[multiproc]") {

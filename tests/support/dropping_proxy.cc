@@ -40,6 +40,11 @@ void DroppingProxy::drop_answer_to(std::vector<std::string> needles) {
   needles_ = std::move(needles);
 }
 
+void DroppingProxy::on_drop(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_drop_ = std::move(fn);
+}
+
 void DroppingProxy::accept_loop() {
   while (!stop_) {
     pollfd p{listener_, POLLIN, 0};
@@ -90,6 +95,12 @@ void DroppingProxy::pump(int client) {
       if (dropping) {
         // The server answered (so it applied the request): the client never
         // hears of it.
+        std::function<void()> fn;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          fn = std::move(on_drop_);
+        }
+        if (fn) fn();
         ++dropped_;
         break;
       }

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -30,6 +31,10 @@ class DroppingProxy {
   // The next request holding every one of `needles` (a request begins with
   // "POST " or "GET ") loses its answer (once).
   void drop_answer_to(std::vector<std::string> needles);
+  // Runs `fn` on the proxy's thread when an answer is dropped, before the
+  // client's connection closes: what other clients do while this one has
+  // not yet learned that its request was applied.
+  void on_drop(std::function<void()> fn);
   // How many answers were dropped so far.
   int dropped() const { return dropped_; }
 
@@ -45,6 +50,7 @@ class DroppingProxy {
   std::atomic<int> dropped_{0};
   std::mutex mutex_;
   std::vector<std::string> needles_;  // empty: not armed
+  std::function<void()> on_drop_;
   std::vector<std::thread> threads_;
   std::thread acceptor_;
 };
