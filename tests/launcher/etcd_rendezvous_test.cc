@@ -636,3 +636,37 @@ TEST_CASE(
   CHECK(contains(wrong.output, "certificate verify failed"));
   CHECK(contains(wrong.output, etcd.client_endpoint(0)));
 }
+
+TEST_CASE(
+    "etcd-v3: etcd's quota filling up while the workers run costs nothing once they succeed: "
+    "every agent exits 0 and its warning names etcd",
+    "[multiproc]") {
+  // A small backend quota: the test fills it while the job runs, so that
+  // every write of the job's ending (the exit barrier's tallies, closing)
+  // is refused with "database space exceeded" (etcd raises its NOSPACE alarm).
+  EtcdCluster etcd(1, 30s, EtcdCluster::Tls::kOff, {"--quota-backend-bytes=2097152"});
+  EtcdJob job(etcd);
+  job.nnodes = "2:2";
+  auto agents = job.running({"a", "b"});
+  etcd::EtcdClient client(etcd.client_endpoints(), 5s);
+  const std::string blob(256 * 1024, 'x');
+  bool full = false;
+  std::string why;
+  for (int i = 0; i < 200 && !full; ++i) {
+    try {
+      client.put("/filler/" + std::to_string(i), blob);
+    } catch (const Error& e) {
+      why = e.what();
+      full = why.find("space exceeded") != std::string::npos;
+      if (!full) FAIL("etcd refused a write for another reason: " << why);
+    }
+  }
+  REQUIRE(full);
+  job.stop();
+  auto [codes, out] = EtcdJob::ended(agents);
+  INFO(out);
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+  CHECK(contains(out, "etcd 127.0.0.1:"));           // the warning names etcd's members
+  CHECK_FALSE(contains(out, "the job's store at"));  // never the workers' store
+}

@@ -180,8 +180,9 @@ TestCertificates make_test_certificates(const std::string& dir) {
   return c;
 }
 
-EtcdCluster::EtcdCluster(int members, std::chrono::milliseconds ready_timeout, Tls tls)
-    : tls_(tls) {
+EtcdCluster::EtcdCluster(int members, std::chrono::milliseconds ready_timeout, Tls tls,
+                         std::vector<std::string> extra_args)
+    : tls_(tls), extra_args_(std::move(extra_args)) {
   if (members < 1) throw std::invalid_argument("an etcd cluster needs a member");
   if (::access(kEtcdBinary, X_OK) != 0)
     throw std::runtime_error(std::string(kEtcdBinary) +
@@ -265,6 +266,7 @@ bool EtcdCluster::start_all(std::chrono::milliseconds ready_timeout, std::string
                                      "--log-level",
                                      "warn"};
     argv.insert(argv.end(), tls_args.begin(), tls_args.end());
+    argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
     m.pid = spawn(argv, m.log_path);
   }
   // Ready: every member reports a leader, and a write through each succeeds.

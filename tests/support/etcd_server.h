@@ -54,9 +54,11 @@ class EtcdCluster {
   static constexpr std::chrono::milliseconds kStopGrace{1000};
   enum class Tls { kOff, kOn };
 
+  // `extra_args` go to every member's command line (e.g. a small
+  // "--quota-backend-bytes").
   explicit EtcdCluster(int members = 1,
                        std::chrono::milliseconds ready_timeout = std::chrono::seconds(30),
-                       Tls tls = Tls::kOff);
+                       Tls tls = Tls::kOff, std::vector<std::string> extra_args = {});
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
@@ -101,6 +103,7 @@ class EtcdCluster {
   std::string dir_;
   std::string token_;
   Tls tls_ = Tls::kOff;
+  std::vector<std::string> extra_args_;
   TestCertificates certs_;
   std::vector<Member> members_;
 };
