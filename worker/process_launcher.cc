@@ -41,6 +41,12 @@
 
 #include <algorithm>
 #include <array>
+// vfork for spawning workers: glibc has it, but Boost.Process enables its
+// vfork path only for old POSIX levels. The child setup below allocates
+// nothing and writes only its own locals, as a vfork child must.
+#ifndef BOOST_POSIX_HAS_VFORK
+#define BOOST_POSIX_HAS_VFORK 1
+#endif
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -49,6 +55,7 @@
 #include <boost/process/child.hpp>
 #include <boost/process/error.hpp>
 #include <boost/process/extend.hpp>
+#include <boost/process/posix.hpp>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -777,7 +784,7 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   pid_t pid = -1;
   {
     std::lock_guard<std::mutex> spawning(g_spawn_mutex);
-    bp::child child(setup, bp::error(ec));
+    bp::child child(setup, bp::error(ec), bp::posix::use_vfork);
     if (!ec) pid = child.id();
     if (pid > 0) own(pid, true);
     if (failed_pid > 0) own(failed_pid, true);
