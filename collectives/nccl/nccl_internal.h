@@ -1,8 +1,8 @@
 #pragma once
 
-// Inside the nccl backend: the calls its completion, timeout and abort logic
-// observe, behind an interface tests replace (a stalled stream, an
-// asynchronous NCCL error) on machines without a GPU; the error mapping; the
+// Inside the nccl backend: every CUDA and NCCL call it makes, behind an
+// interface tests replace on machines without a GPU (a stalled stream, an
+// asynchronous NCCL error, the order of the calls); the error mapping; the
 // unique id exchange. Not installed.
 
 #include <cuda_runtime_api.h>
@@ -22,14 +22,58 @@ namespace ctorchrun::dist::nccl_detail {
 
 using Clock = std::chrono::steady_clock;
 
+// Every CUDA runtime and NCCL call the backend makes goes through this table,
+// so that tests can drive set-up, enqueue, completion and abort on a machine
+// without a GPU and observe the order of the calls.
 class Api {
  public:
   virtual ~Api() = default;
-  virtual ncclResult_t get_unique_id(ncclUniqueId* id) = 0;
+
+  // CUDA runtime.
+  virtual cudaError_t get_device_count(int* count) = 0;
+  virtual cudaError_t get_device(int* device) = 0;
+  virtual cudaError_t set_device(int device) = 0;
+  // Whether `device`'s primary context is active (cuDevicePrimaryCtxGetState).
+  virtual cudaError_t primary_context_active(int device, bool* active) = 0;
+  // A stream created cudaStreamNonBlocking.
+  virtual cudaError_t stream_create(cudaStream_t* stream) = 0;
+  virtual cudaError_t stream_destroy(cudaStream_t stream) = 0;
+  virtual cudaError_t stream_wait_event(cudaStream_t stream, cudaEvent_t event) = 0;
+  virtual cudaError_t device_malloc(void** data, size_t bytes) = 0;
+  virtual cudaError_t device_free(void* data) = 0;
+  // cudaMemcpyDeviceToDevice on `stream`.
+  virtual cudaError_t memcpy_async(void* dst, const void* src, size_t bytes,
+                                   cudaStream_t stream) = 0;
+  // An event created cudaEventDisableTiming.
+  virtual cudaError_t event_create(cudaEvent_t* event) = 0;
+  virtual cudaError_t event_record(cudaEvent_t event, cudaStream_t stream) = 0;
   virtual cudaError_t event_query(cudaEvent_t event) = 0;
-  virtual ncclResult_t comm_get_async_error(ncclComm_t comm, ncclResult_t* error) = 0;
-  virtual ncclResult_t comm_abort(ncclComm_t comm) = 0;
   virtual cudaError_t event_destroy(cudaEvent_t event) = 0;
+
+  // NCCL.
+  virtual ncclResult_t get_unique_id(ncclUniqueId* id) = 0;
+  virtual ncclResult_t comm_init_rank(ncclComm_t* comm, int size, ncclUniqueId id, int rank,
+                                      ncclConfig_t* config) = 0;
+  virtual ncclResult_t comm_get_async_error(ncclComm_t comm, ncclResult_t* error) = 0;
+  virtual ncclResult_t comm_finalize(ncclComm_t comm) = 0;
+  virtual ncclResult_t comm_destroy(ncclComm_t comm) = 0;
+  virtual ncclResult_t comm_abort(ncclComm_t comm) = 0;
+  virtual ncclResult_t group_start() = 0;
+  virtual ncclResult_t group_end() = 0;
+  virtual ncclResult_t all_reduce(const void* in, void* out, size_t count, ncclDataType_t type,
+                                  ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t broadcast(const void* in, void* out, size_t count, ncclDataType_t type,
+                                 int root, ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t reduce(const void* in, void* out, size_t count, ncclDataType_t type,
+                              ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t all_gather(const void* in, void* out, size_t count, ncclDataType_t type,
+                                  ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t reduce_scatter(const void* in, void* out, size_t count, ncclDataType_t type,
+                                      ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t send(const void* in, size_t count, ncclDataType_t type, int peer,
+                            ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t recv(void* out, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                            cudaStream_t stream) = 0;
 };
 
 // The Api every backend of this process uses: NCCL and CUDA unless replaced.
