@@ -140,6 +140,21 @@ Api& api() {
 
 Api* replace_api(Api* api) { return replacement.exchange(api); }
 
+DeviceGuard::DeviceGuard(Api& calls, int device) : api_(calls) {
+  int current = -1;
+  const bool known = api_.get_device(&current) == cudaSuccess;
+  if (known && current == device) return;
+  result_ = api_.set_device(device);
+  if (known && result_ == cudaSuccess) previous_ = current;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ < 0) return;
+  bool active = true;  // when the driver cannot tell: give it back
+  if (api_.primary_context_active(previous_, &active) != cudaSuccess) active = true;
+  if (active) api_.set_device(previous_);
+}
+
 std::exception_ptr nccl_error(ncclResult_t result, const std::string& what) {
   std::string message = "nccl: " + what + ": " + ncclGetErrorString(result);
   switch (result) {
@@ -355,7 +370,7 @@ class NcclBackend : public Backend {
         stream_(stream),
         scratch_(scratch) {}
   ~NcclBackend() override {
-    api_.set_device(device_);
+    DeviceGuard device(api_, device_);
     // Drain the group's stream, bounded: a stream stuck on a dead peer is
     // aborted instead of hanging the destructor.
     cudaEvent_t last = nullptr;
@@ -390,7 +405,8 @@ class NcclBackend : public Backend {
       throw IoError("nccl: " + what + ": the communicator was aborted by an earlier failure");
     }
     std::unique_lock<std::mutex> lock(mutex_);  // one enqueue at a time: same order on every rank
-    check_cuda(api_.set_device(device_), what + ": cudaSetDevice");
+    DeviceGuard device(api_, device_);
+    check_cuda(device.result(), what + ": cudaSetDevice");
     cudaStream_t stream = stream_override != nullptr ? stream_override : stream_;
     const auto abort_at = Clock::now() + op.timeout;
     ncclResult_t result = api_.group_start();
@@ -542,7 +558,8 @@ std::unique_ptr<Backend> create_nccl_backend(const BackendContext& context) {
   }
   ncclUniqueId id =
       nccl_detail::exchange_unique_id(calls, *context.store, context.rank, context.timeout);
-  check_cuda(calls.set_device(context.device.index), "cudaSetDevice");
+  nccl_detail::DeviceGuard device(calls, context.device.index);
+  check_cuda(device.result(), "cudaSetDevice");
   cudaStream_t stream = nullptr;
   check_cuda(calls.stream_create(&stream), "cudaStreamCreate");
   void* scratch = nullptr;

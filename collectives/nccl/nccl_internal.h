@@ -82,6 +82,29 @@ Api& api();
 // replacement. For tests; not safe while groups exist.
 Api* replace_api(Api* replacement);
 
+// Makes `device` the calling thread's current device while alive and gives
+// the caller's back after (cudaSetDevice is per thread: a collective must
+// not move the caller's work to the group's device). A caller's device
+// without an active primary context (a thread that never chose one: CUDA
+// says 0) is left alone, as torch's device guards do: setting it back would
+// make a context there (hundreds of MiB on cuda:0 in every rank's process);
+// the thread stays on `device`.
+class DeviceGuard {
+ public:
+  DeviceGuard(Api& api, int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+  // The result of making `device` current (cudaSuccess when it already was).
+  cudaError_t result() const { return result_; }
+
+ private:
+  Api& api_;
+  int previous_ = -1;  // -1: nothing to give back
+  cudaError_t result_ = cudaSuccess;
+};
+
 // The error an NCCL result stands for: ConfigError for invalid arguments and
 // usage, IoError for the rest (system, remote, CUDA, internal).
 std::exception_ptr nccl_error(ncclResult_t result, const std::string& what);

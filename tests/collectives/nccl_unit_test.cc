@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -117,7 +118,7 @@ class FakeApi : public detail::Api {
   ncclResult_t comm_init_rank(ncclComm_t* comm, int, ncclUniqueId, int, ncclConfig_t*) override {
     *comm = reinterpret_cast<ncclComm_t>(uintptr_t{0x3000});
     log("comm_init_rank");
-    return ncclInProgress;  // non-blocking set-up, finished when the async error says so
+    return init_result;  // in progress: non-blocking, done when the async error says so
   }
   ncclResult_t comm_get_async_error(ncclComm_t comm, ncclResult_t* error) override {
     Inside inside(*this, comm, "comm_get_async_error");
@@ -215,6 +216,7 @@ class FakeApi : public detail::Api {
   ncclResult_t async_error = ncclSuccess;
   cudaError_t event_error = cudaSuccess;
   ncclResult_t id_result = ncclSuccess;
+  ncclResult_t init_result = ncclInProgress;
   // Runs inside every call that uses the communicator, with the call's name.
   std::function<void(const std::string&)> hook;
   std::atomic<int> ids{0}, queries{0}, async_queries{0}, aborts{0}, destroyed{0};
@@ -619,4 +621,39 @@ TEST_CASE("nccl backend api: set-up, an all_reduce and tear-down go through the 
   CHECK(api.aborts == 0);
   CHECK(api.concurrent == 0);
   CHECK(api.after_abort == 0);
+}
+
+TEST_CASE("nccl device: every call gives the caller's current device back", "[unit]") {
+  FakeApi api;
+  api.ready_after = 0;
+  float data[4] = {};
+  api.set_device(1);  // the caller works on cuda:1, the group on cuda:0
+  {
+    auto backend = fake_backend(api, 0);
+    CHECK(api.device() == 1);
+    backend->run(all_reduce_op(data, 4, 0), /*async=*/false);
+    CHECK(api.device() == 1);
+    auto work = backend->run(all_reduce_op(data, 4, 0), /*async=*/true);
+    CHECK(api.device() == 1);
+    work->wait();
+    CHECK(api.device() == 1);
+  }
+  CHECK(api.device() == 1);                                  // the group's destructor
+  CHECK(find_call(api.calls(), R"(set_device\(0\))") >= 0);  // it did work on cuda:0
+  // A failed set-up too.
+  api.init_result = ncclSystemError;
+  CHECK_THROWS_AS(fake_backend(api, 0), ctorchrun::IoError);
+  CHECK(api.device() == 1);
+
+  // A thread that never chose a device (CUDA says 0, without a context) is
+  // not moved back to cuda:0: that would make a context there, in every
+  // rank's process.
+  FakeApi fresh;
+  fresh.ready_after = 0;
+  {
+    auto backend = fake_backend(fresh, 1);
+    backend->run(all_reduce_op(data, 4, 1), /*async=*/false);
+  }
+  CHECK(find_call(fresh.calls(), R"(set_device\(0\))") < 0);
+  CHECK_FALSE(fresh.has_context(0));
 }
