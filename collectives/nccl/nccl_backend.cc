@@ -228,13 +228,15 @@ void Communicator::abort() {
   api_.comm_abort(comm_);  // the op's own error is what the caller sees
 }
 
+void Communicator::throw_aborted(const std::string& what) {
+  throw IoError("nccl: " + what + ": the communicator was aborted by an earlier failure");
+}
+
 void await(Communicator& comm, cudaEvent_t event, Clock::time_point abort_at,
            Clock::time_point give_up_at, milliseconds timeout, const std::string& what) {
   auto pause = std::chrono::microseconds(20);
   for (;;) {
-    if (comm.aborted()) {
-      throw IoError("nccl: " + what + ": the communicator was aborted by an earlier failure");
-    }
+    if (comm.aborted()) Communicator::throw_aborted(what);
     if (event != nullptr) {
       cudaError_t state = comm.calls().event_query(event);
       if (state == cudaSuccess) return;
@@ -243,9 +245,11 @@ void await(Communicator& comm, cudaEvent_t event, Clock::time_point abort_at,
         std::rethrow_exception(cuda_error(state, what));
       }
     }
-    ncclResult_t async = ncclSuccess;
-    ncclResult_t queried = comm.calls().comm_get_async_error(comm.get(), &async);
-    if (queried != ncclSuccess) async = queried;
+    ncclResult_t async = comm.use(what, [&](ncclComm_t raw) {
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t queried = comm.calls().comm_get_async_error(raw, &state);
+      return queried != ncclSuccess ? queried : state;
+    });
     if (event == nullptr && async == ncclSuccess) return;
     if (async != ncclSuccess && async != ncclInProgress) {
       comm.abort();
@@ -401,18 +405,26 @@ class NcclBackend : public Backend {
                           " but the group works on cuda:" + std::to_string(device_));
       }
     }
-    if (comm_->aborted()) {
-      throw IoError("nccl: " + what + ": the communicator was aborted by an earlier failure");
-    }
+    if (comm_->aborted()) Communicator::throw_aborted(what);
     std::unique_lock<std::mutex> lock(mutex_);  // one enqueue at a time: same order on every rank
     DeviceGuard device(api_, device_);
     check_cuda(device.result(), what + ": cudaSetDevice");
     cudaStream_t stream = stream_override != nullptr ? stream_override : stream_;
     const auto abort_at = Clock::now() + op.timeout;
-    ncclResult_t result = api_.group_start();
-    if (result == ncclSuccess) result = enqueue(op, stream);
-    ncclResult_t ended = api_.group_end();
-    if (result == ncclSuccess) result = ended;
+    // Under the communicator's lock: an abort waits until the op is enqueued
+    // (ncclGroupEnd launches it), and an aborted communicator is not entered.
+    const ncclResult_t result = comm_->use(what, [&](ncclComm_t comm) {
+      ncclResult_t enqueued = api_.group_start();
+      if (enqueued != ncclSuccess) return enqueued;
+      try {
+        enqueued = enqueue(op, comm, stream);
+      } catch (...) {
+        api_.group_end();  // the group is per thread: never leave it open
+        throw;
+      }
+      ncclResult_t ended = api_.group_end();
+      return enqueued == ncclSuccess ? ended : enqueued;
+    });
     if (result != ncclSuccess && result != ncclInProgress) {
       std::rethrow_exception(nccl_error(result, what));
     }
@@ -431,8 +443,7 @@ class NcclBackend : public Backend {
   }
 
  private:
-  ncclResult_t enqueue(const Op& op, cudaStream_t stream) {
-    ncclComm_t comm = comm_->get();
+  ncclResult_t enqueue(const Op& op, ncclComm_t comm, cudaStream_t stream) {
     const Buffer& in = op.input;
     const Buffer& out = op.output;
     switch (op.type) {
@@ -457,9 +468,9 @@ class NcclBackend : public Backend {
       case OpType::kRecv:
         return api_.recv(out.data, out.count, nccl_type(out.dtype), op.peer, comm, stream);
       case OpType::kGather:
-        return gather_like(op, stream, /*scatter=*/false);
+        return gather_like(op, comm, stream, /*scatter=*/false);
       case OpType::kScatter:
-        return gather_like(op, stream, /*scatter=*/true);
+        return gather_like(op, comm, stream, /*scatter=*/true);
       case OpType::kAllToAll: {
         const size_t slice = in.count / static_cast<size_t>(size_);
         const size_t bytes = slice * element_size(in.dtype);
@@ -487,8 +498,7 @@ class NcclBackend : public Backend {
 
   // gather: every rank's input into slice r of root's output; scatter: slice
   // r of root's input to rank r's output.
-  ncclResult_t gather_like(const Op& op, cudaStream_t stream, bool scatter) {
-    ncclComm_t comm = comm_->get();
+  ncclResult_t gather_like(const Op& op, ncclComm_t comm, cudaStream_t stream, bool scatter) {
     const Buffer& mine = scatter ? op.output : op.input;  // this rank's slice
     const Buffer& whole = scatter ? op.input : op.output;
     const size_t slice = mine.count;

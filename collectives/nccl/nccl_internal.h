@@ -117,7 +117,10 @@ std::exception_ptr cuda_error(cudaError_t result, const std::string& what);
 ncclUniqueId exchange_unique_id(Api& api, store::Store& store, int rank,
                                 std::chrono::milliseconds timeout);
 
-// A communicator with its abort state. abort() calls ncclCommAbort once.
+// A communicator with its abort state. Every use of it, and its abort, hold
+// one lock: ncclCommAbort frees the communicator, so it must never run while
+// another thread is inside an NCCL call on it (enqueueing an op, polling its
+// asynchronous error), and nothing may use it afterwards.
 class Communicator {
  public:
   Communicator(Api& api, ncclComm_t comm) : api_(api), comm_(comm) {}
@@ -125,10 +128,20 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  ncclComm_t get() const { return comm_; }
   Api& calls() const { return api_; }
   bool aborted() const { return aborted_.load(); }
+  // Calls use(comm) under the lock; IoError naming `what`, without calling
+  // it, once the communicator has been aborted. `use` must not call abort().
+  template <typename Use>
+  auto use(const std::string& what, Use&& use) -> decltype(use(ncclComm_t{})) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.load()) throw_aborted(what);
+    return use(comm_);
+  }
+  // Calls ncclCommAbort once, after any use in progress has left.
   void abort();
+
+  [[noreturn]] static void throw_aborted(const std::string& what);
 
  private:
   Api& api_;

@@ -657,3 +657,65 @@ TEST_CASE("nccl device: every call gives the caller's current device back", "[un
   CHECK(find_call(fresh.calls(), R"(set_device\(0\))") < 0);
   CHECK_FALSE(fresh.has_context(0));
 }
+
+TEST_CASE("nccl abort: never while a call is inside the communicator, none after it", "[unit]") {
+  // Another thread is inside the communicator (enqueueing an all_reduce, or
+  // polling its asynchronous error) when a timed-out op aborts it: the abort
+  // waits for it, and that thread's op then fails cleanly with IoError.
+  for (const std::string blocking : {"all_reduce(S1)", "comm_get_async_error"}) {
+    INFO("blocked inside " << blocking);
+    FakeApi api;  // events never complete: a stalled stream
+    float a[4] = {}, b[4] = {};
+    auto backend = fake_backend(api);
+    // Its own timeout passes at once: waiting for it aborts the communicator.
+    auto stalled = backend->run(all_reduce_op(a, 4, 0, milliseconds(1)), /*async=*/true);
+
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::thread::id holder;
+    bool held = false, inside = false, other_entered = false;
+    api.hook = [&](const std::string& call) {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (call == blocking && std::this_thread::get_id() == holder && !held) {
+        held = inside = true;
+        changed.notify_all();
+        // Stays inside long enough for an unguarded abort to come in.
+        changed.wait_for(lock, milliseconds(500), [&] { return other_entered; });
+        inside = false;
+      } else if (inside) {
+        other_entered = true;
+        changed.notify_all();
+      }
+    };
+    std::string outcome = "none";
+    std::thread user([&] {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        holder = std::this_thread::get_id();
+      }
+      try {
+        backend->run(all_reduce_op(b, 4, 0, milliseconds(20000)), /*async=*/false);
+        outcome = "completed";
+      } catch (const ctorchrun::IoError& e) {
+        outcome = std::string("IoError: ") + e.what();
+      } catch (const std::exception& e) {
+        outcome = std::string("other: ") + e.what();
+      }
+    });
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      CHECK(changed.wait_for(lock, milliseconds(10000), [&] { return held; }));
+    }
+    CHECK_THROWS_AS(stalled->wait(), ctorchrun::TimeoutError);
+    user.join();
+    INFO(joined(api.calls()));
+    CHECK(api.concurrent == 0);
+    CHECK_FALSE(other_entered);
+    CHECK(api.aborts == 1);
+    CHECK_THAT(outcome, Catch::StartsWith("IoError: ") && Catch::Contains("aborted"));
+    // The group is unusable: later ops fail without entering NCCL.
+    CHECK_THROWS_AS(backend->run(all_reduce_op(b, 4, 0), /*async=*/false), ctorchrun::IoError);
+    CHECK(api.after_abort == 0);
+    api.hook = nullptr;
+  }
+}
