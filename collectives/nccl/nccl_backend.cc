@@ -272,10 +272,12 @@ void await(Communicator& comm, cudaEvent_t event, Clock::time_point abort_at,
   }
 }
 
-EventWork::EventWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, milliseconds timeout,
-                     std::string what)
+EventWork::EventWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, int device,
+                     cudaStream_t stream, milliseconds timeout, std::string what)
     : comm_(std::move(comm)),
       event_(event),
+      device_(device),
+      stream_(stream),
       timeout_(timeout),
       abort_at_(Clock::now() + timeout),
       what_(std::move(what)) {}
@@ -298,6 +300,7 @@ void EventWork::wait_until(Clock::time_point give_up_at) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!done_) {
     try {
+      order_callers_stream();
       await(*comm_, event_, abort_at_, give_up_at, timeout_, what_);
     } catch (const TimeoutError&) {
       if (!comm_->aborted()) throw;  // gave up early: the op goes on
@@ -308,6 +311,22 @@ void EventWork::wait_until(Clock::time_point give_up_at) {
     done_ = true;
   }
   if (error_) std::rethrow_exception(error_);
+}
+
+void EventWork::order_callers_stream() {
+  if (comm_->aborted()) return;  // await throws; the op's stream may never finish
+  cudaStream_t caller = current_stream_override();
+  if (caller == nullptr) caller = cudaStreamLegacy;
+  if (caller == stream_) return;  // the op is on the caller's stream already
+  Api& calls = comm_->calls();
+  DeviceGuard device(calls, device_);  // cudaStreamLegacy is the current device's
+  if (device.result() != cudaSuccess) {
+    std::rethrow_exception(cuda_error(device.result(), what_ + ": cudaSetDevice"));
+  }
+  const cudaError_t waited = calls.stream_wait_event(caller, event_);
+  if (waited != cudaSuccess) {
+    std::rethrow_exception(cuda_error(waited, what_ + ": cudaStreamWaitEvent"));
+  }
 }
 
 namespace {
@@ -365,13 +384,14 @@ class NcclBackend : public Backend {
   static constexpr std::chrono::seconds kDrainTimeout{30};
 
   NcclBackend(const BackendContext& context, std::shared_ptr<Communicator> comm,
-              cudaStream_t stream, void* scratch)
+              cudaStream_t stream, cudaEvent_t ready, void* scratch)
       : api_(comm->calls()),
         rank_(context.rank),
         size_(context.size),
         device_(context.device.index),
         comm_(std::move(comm)),
         stream_(stream),
+        ready_(ready),
         scratch_(scratch) {}
   ~NcclBackend() override {
     DeviceGuard device(api_, device_);
@@ -391,6 +411,7 @@ class NcclBackend : public Backend {
     }
     comm_.reset();
     api_.device_free(scratch_);
+    api_.event_destroy(ready_);
     api_.stream_destroy(stream_);
   }
 
@@ -409,7 +430,18 @@ class NcclBackend : public Backend {
     std::unique_lock<std::mutex> lock(mutex_);  // one enqueue at a time: same order on every rank
     DeviceGuard device(api_, device_);
     check_cuda(device.result(), what + ": cudaSetDevice");
-    cudaStream_t stream = stream_override != nullptr ? stream_override : stream_;
+    const bool guarded = stream_override != nullptr;
+    cudaStream_t stream = guarded ? stream_override : stream_;
+    if (!guarded) {
+      // The group's stream is non-blocking: it must wait for what the caller
+      // enqueued before this op (producer kernels, a cudaMemcpyAsync, the DMA
+      // of a pageable cudaMemcpy that may still be running after it returned).
+      // An event recorded on the legacy default stream covers its work and,
+      // since it waits for them, every blocking stream's (the per-thread
+      // default streams included).
+      check_cuda(api_.event_record(ready_, cudaStreamLegacy), what + ": cudaEventRecord");
+      check_cuda(api_.stream_wait_event(stream_, ready_), what + ": cudaStreamWaitEvent");
+    }
     const auto abort_at = Clock::now() + op.timeout;
     // Under the communicator's lock: an abort waits until the op is enqueued
     // (ncclGroupEnd launches it), and an aborted communicator is not entered.
@@ -436,7 +468,7 @@ class NcclBackend : public Backend {
       api_.event_destroy(event);
       std::rethrow_exception(cuda_error(recorded, what + ": cudaEventRecord"));
     }
-    auto work = std::make_shared<EventWork>(comm_, event, op.timeout, what);
+    auto work = std::make_shared<EventWork>(comm_, event, device_, stream, op.timeout, what);
     lock.unlock();  // others may enqueue behind this op while it runs
     if (!async) work->wait();
     return work;
@@ -531,6 +563,7 @@ class NcclBackend : public Backend {
   int device_;
   std::shared_ptr<Communicator> comm_;
   cudaStream_t stream_;
+  cudaEvent_t ready_;  // recorded on the legacy stream before each op, under mutex_
   void* scratch_;
   std::mutex mutex_;
 };
@@ -572,11 +605,24 @@ std::unique_ptr<Backend> create_nccl_backend(const BackendContext& context) {
   check_cuda(device.result(), "cudaSetDevice");
   cudaStream_t stream = nullptr;
   check_cuda(calls.stream_create(&stream), "cudaStreamCreate");
+  cudaEvent_t ready = nullptr;
   void* scratch = nullptr;
-  cudaError_t allocated = calls.device_malloc(&scratch, sizeof(float));
-  if (allocated != cudaSuccess) {
+  auto release = [&] {
+    if (scratch != nullptr) calls.device_free(scratch);
+    if (ready != nullptr) calls.event_destroy(ready);
     calls.stream_destroy(stream);
-    std::rethrow_exception(nccl_detail::cuda_error(allocated, "cudaMalloc"));
+  };
+  cudaError_t made = calls.event_create(&ready);
+  if (made != cudaSuccess) {
+    ready = nullptr;
+    release();
+    std::rethrow_exception(nccl_detail::cuda_error(made, "cudaEventCreate"));
+  }
+  made = calls.device_malloc(&scratch, sizeof(float));
+  if (made != cudaSuccess) {
+    scratch = nullptr;
+    release();
+    std::rethrow_exception(nccl_detail::cuda_error(made, "cudaMalloc"));
   }
   // Non-blocking: set-up returns at once and is polled, so it is bounded.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -585,8 +631,7 @@ std::unique_ptr<Backend> create_nccl_backend(const BackendContext& context) {
   ncclResult_t result = calls.comm_init_rank(&raw, context.size, id, context.rank, &config);
   if (result != ncclSuccess && result != ncclInProgress) {
     if (raw != nullptr) calls.comm_abort(raw);
-    calls.device_free(scratch);
-    calls.stream_destroy(stream);
+    release();
     std::rethrow_exception(nccl_detail::nccl_error(result, "ncclCommInitRankConfig"));
   }
   auto comm = std::make_shared<nccl_detail::Communicator>(calls, raw);
@@ -596,11 +641,11 @@ std::unique_ptr<Backend> create_nccl_backend(const BackendContext& context) {
                            std::to_string(context.size) + ")");
   } catch (...) {
     comm.reset();
-    calls.device_free(scratch);
-    calls.stream_destroy(stream);
+    release();
     throw;
   }
-  return std::make_unique<nccl_detail::NcclBackend>(context, std::move(comm), stream, scratch);
+  return std::make_unique<nccl_detail::NcclBackend>(context, std::move(comm), stream, ready,
+                                                    scratch);
 }
 
 void register_nccl_backend() { register_backend("nccl", create_nccl_backend); }

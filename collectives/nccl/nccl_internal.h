@@ -163,10 +163,13 @@ void await(Communicator& comm, cudaEvent_t event, Clock::time_point abort_at,
 // The Work of one enqueued op: an event recorded after it on its stream.
 // wait() ends at the op's timeout by aborting the communicator (TimeoutError,
 // and every later wait throws it too); wait(timeout) gives up earlier with a
-// TimeoutError of its own and leaves the op running.
+// TimeoutError of its own and leaves the op running. Every wait first makes
+// the waiting thread's stream (its StreamGuard's, else the legacy default
+// stream of `device`) wait for the event, unless that is the op's `stream`:
+// work it enqueues afterwards sees the op's results, even after giving up.
 class EventWork : public Work {
  public:
-  EventWork(std::shared_ptr<Communicator> comm, cudaEvent_t event,
+  EventWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, int device, cudaStream_t stream,
             std::chrono::milliseconds timeout, std::string what);
   ~EventWork() override;
 
@@ -177,8 +180,12 @@ class EventWork : public Work {
  private:
   void wait_until(Clock::time_point give_up_at);
 
+  void order_callers_stream();
+
   std::shared_ptr<Communicator> comm_;
   cudaEvent_t event_;
+  int device_;
+  cudaStream_t stream_;
   std::chrono::milliseconds timeout_;
   Clock::time_point abort_at_;
   std::string what_;

@@ -322,6 +322,7 @@ std::string joined(const std::vector<std::string>& calls) {
 }
 
 const cudaEvent_t kEvent = reinterpret_cast<cudaEvent_t>(uintptr_t{1});
+const cudaStream_t kStream = reinterpret_cast<cudaStream_t>(uintptr_t{0x1001});
 
 }  // namespace
 
@@ -465,10 +466,12 @@ TEST_CASE("nccl work: wait(timeout) gives up early, the op's own timeout aborts"
   FakeApi api;  // a stalled stream
   auto comm = std::make_shared<detail::Communicator>(api, nullptr);
   {
-    detail::EventWork work(comm, kEvent, milliseconds(200), "all_reduce on rank 0/1");
+    detail::EventWork work(comm, kEvent, 0, kStream, milliseconds(200), "all_reduce on rank 0/1");
     CHECK_FALSE(work.is_completed());
     CHECK_THROWS_WITH(work.wait(milliseconds(10)), Catch::Contains("gave up"));
     CHECK(api.aborts == 0);
+    // Even so, the caller's (legacy) stream is ordered after the op.
+    CHECK(find_call(api.calls(), R"(stream_wait_event\(legacy,event1\))") >= 0);
     CHECK_THROWS_WITH(work.wait(), Catch::Contains("within 200 ms"));
     CHECK(api.aborts == 1);
     CHECK(work.is_completed());
@@ -477,7 +480,7 @@ TEST_CASE("nccl work: wait(timeout) gives up early, the op's own timeout aborts"
   }
   CHECK(api.destroyed == 1);
   // Ops started after the abort fail at once.
-  detail::EventWork later(comm, kEvent, milliseconds(100000), "barrier on rank 0/1");
+  detail::EventWork later(comm, kEvent, 0, kStream, milliseconds(100000), "barrier on rank 0/1");
   CHECK_THROWS_AS(later.wait(), ctorchrun::IoError);
 }
 
@@ -485,7 +488,7 @@ TEST_CASE("nccl work: a completed event completes the work", "[unit]") {
   FakeApi api;
   api.ready_after = 2;
   auto comm = std::make_shared<detail::Communicator>(api, nullptr);
-  detail::EventWork work(comm, kEvent, milliseconds(100000), "broadcast on rank 0/1");
+  detail::EventWork work(comm, kEvent, 0, kStream, milliseconds(100000), "broadcast on rank 0/1");
   work.wait();
   CHECK(work.is_completed());
   CHECK(api.aborts == 0);
@@ -621,6 +624,73 @@ TEST_CASE("nccl backend api: set-up, an all_reduce and tear-down go through the 
   CHECK(api.aborts == 0);
   CHECK(api.concurrent == 0);
   CHECK(api.after_abort == 0);
+}
+
+TEST_CASE("nccl streams: the op waits for the caller's legacy stream, wait() orders it back",
+          "[unit]") {
+  FakeApi api;
+  api.ready_after = 0;
+  float data[4] = {};
+  auto backend = fake_backend(api);
+
+  // Blocking, no StreamGuard: an event recorded on the legacy default stream
+  // (which waits for every blocking stream) holds the group's stream back
+  // until the caller's earlier work is done; the caller's stream waits for an
+  // event recorded after the op.
+  auto before = static_cast<long>(api.calls().size());
+  backend->run(all_reduce_op(data, 4, 0), /*async=*/false);
+  {
+    const auto calls = api.calls();
+    INFO(joined(calls));
+    std::smatch ready, done;
+    const long recorded = find_call(calls, R"(event_record\((E\d+),legacy\))", before, &ready);
+    REQUIRE(recorded >= 0);
+    const long held = find_call(calls, R"(stream_wait_event\(S1,)" + ready[1].str() + R"(\))");
+    const long op = find_call(calls, R"(all_reduce\(S1\))", before);
+    const long after = find_call(calls, R"(event_record\((E\d+),S1\))", op, &done);
+    REQUIRE(after >= 0);
+    const long released =
+        find_call(calls, R"(stream_wait_event\(legacy,)" + done[1].str() + R"(\))", after);
+    CHECK(held > recorded);
+    CHECK(op > held);
+    CHECK(after > op);
+    CHECK(released > after);
+  }
+
+  // Async: the caller's stream is ordered after the op in wait(), not before.
+  before = static_cast<long>(api.calls().size());
+  auto work = backend->run(all_reduce_op(data, 4, 0), /*async=*/true);
+  CHECK(find_call(api.calls(), R"(event_record\(E\d+,legacy\))", before) >= 0);
+  CHECK(find_call(api.calls(), R"(stream_wait_event\(legacy,E\d+\))", before) < 0);
+  work->wait();
+  CHECK(find_call(api.calls(), R"(stream_wait_event\(legacy,E\d+\))", before) >= 0);
+
+  // Under a StreamGuard the op is on the caller's stream itself: nothing to
+  // order, and the legacy stream is left alone.
+  auto* user = reinterpret_cast<CUstream_st*>(uintptr_t{0x7001});
+  before = static_cast<long>(api.calls().size());
+  {
+    dist::StreamGuard guard(user);
+    work = backend->run(all_reduce_op(data, 4, 0), /*async=*/false);
+  }
+  {
+    const auto calls = api.calls();
+    INFO(joined(calls));
+    CHECK(find_call(calls, R"(all_reduce\(U1\))", before) >= 0);
+    CHECK(find_call(calls, R"(event_record\(E\d+,U1\))", before) >= 0);
+    CHECK(find_call(calls, R"(event_record\(E\d+,legacy\))", before) < 0);
+    CHECK(find_call(calls, R"(stream_wait_event\(.*\))", before) < 0);
+  }
+  // Waited for from a thread without a guard, the op orders that thread's
+  // (legacy) stream.
+  before = static_cast<long>(api.calls().size());
+  {
+    dist::StreamGuard guard(user);
+    work = backend->run(all_reduce_op(data, 4, 0), /*async=*/true);
+  }
+  work->wait();
+  CHECK(find_call(api.calls(), R"(stream_wait_event\(legacy,E\d+\))", before) >= 0);
+  CHECK(api.concurrent == 0);
 }
 
 TEST_CASE("nccl device: every call gives the caller's current device back", "[unit]") {
