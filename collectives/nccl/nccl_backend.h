@@ -17,9 +17,15 @@
 // store key "nccl_unique_id"; every rank reads it and joins one communicator
 // per group (new_group makes a communicator of its own, keyed under the
 // subgroup's prefix). Work is enqueued on the stream of a StreamGuard on the
-// calling thread, else on the group's own stream. A blocking call returns
-// once the work has completed on the device; an async call returns at once
-// and its Work polls the stream.
+// calling thread, else on the group's own (non-blocking) stream after it has
+// waited for an event recorded on the legacy default stream: the op comes
+// after the caller's earlier work on stream 0 and on every blocking stream
+// (not on streams created cudaStreamNonBlocking: use a StreamGuard). A
+// blocking call returns once the work has completed on the device; an async
+// call returns at once and its Work polls the stream. Every wait first makes
+// the waiting thread's stream (its StreamGuard's, else stream 0) wait for the
+// op. Every call gives the calling thread's current device back (unless that
+// device has no context yet: setting it would make one).
 //
 // Errors: every wait polls cudaEventQuery and ncclCommGetAsyncError; an
 // asynchronous NCCL error or a passed timeout (default 10 min, as torch's

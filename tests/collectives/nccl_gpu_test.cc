@@ -1,9 +1,10 @@
 // The nccl backend on a GPU (label gpu; scripts/test.sh leaves these out by
 // name on machines without one): the op matrix at world size 1, the trainer's
-// clean and crash-resume runs under ctorchrun, and timeouts that abort the
-// communicator. NCCL refuses two ranks on one device, so multi-rank runs
-// need a machine with several GPUs; the multi-rank logic (store, groups,
-// argument checks) is ProcessGroup's, shared with gloo and tested there.
+// clean and crash-resume runs under ctorchrun, timeouts that abort the
+// communicator, and ops ordered after the caller's work on stream 0. NCCL
+// refuses two ranks on one device, so multi-rank runs need a machine with
+// several GPUs; the multi-rank logic (store, groups, argument checks) is
+// ProcessGroup's, shared with gloo and tested there.
 
 #include <cuda_runtime_api.h>
 
@@ -220,6 +221,37 @@ TEST_CASE("nccl gpu timeout: a stalled stream aborts the communicator", "[gpu]")
   CHECK_THROWS_WITH(pg->all_reduce(a.buffer), Catch::Contains("aborted"));
   cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("nccl gpu streams: an op sees the input the caller wrote late on stream 0", "[gpu]") {
+  auto pg = gpu_group();
+  // all_gather at world size 1 copies the input to the output, so the output
+  // shows whether NCCL read the input before or after the caller's write (an
+  // in-place all_reduce at world size 1 leaves the buffer as it is and could
+  // not tell).
+  const size_t n = size_t{1} << 22;  // 16 MiB of float32
+  const auto host = values(dist::DataType::kFloat32, n);
+  const auto zeros = std::vector<unsigned char>(host.size(), 0);
+  DeviceBuffer in(zeros, n, dist::DataType::kFloat32), out(zeros, n, dist::DataType::kFloat32);
+  pg->all_gather(in.buffer, out.buffer);  // NCCL's lazy set-up happens here, not below
+  REQUIRE(out.read() == zeros);
+  void* pinned = nullptr;
+  cuda(cudaMallocHost(&pinned, host.size()));
+  std::memcpy(pinned, host.data(), host.size());
+
+  // The legacy default stream is held, and the caller's write of the input
+  // is queued behind: it lands late.
+  release = false;
+  cuda(cudaLaunchHostFunc(cudaStreamLegacy, hold_stream, nullptr));
+  cuda(cudaMemcpyAsync(in.data, pinned, host.size(), cudaMemcpyHostToDevice, cudaStreamLegacy));
+  auto work = pg->all_gather_async(in.buffer, out.buffer);
+  // Ordered after the write, the op cannot finish while the stream is held
+  // (unordered, it has long copied the zeros).
+  CHECK_THROWS_AS(work->wait(milliseconds(300)), ctorchrun::TimeoutError);
+  release = true;
+  work->wait();
+  CHECK(out.read() == host);
+  cuda(cudaFreeHost(pinned));
 }
 
 TEST_CASE("nccl gpu timeout: a rank that never joins aborts the set-up", "[gpu]") {
