@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include "collectives/sha256.h"
 #include "common/error.h"
@@ -20,6 +21,7 @@ namespace {
 constexpr char kMagic[8] = {'C', 'T', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr size_t kHeader = 24;
 constexpr size_t kTrailer = 32;
+constexpr size_t kChunk = size_t{1} << 20;
 constexpr const char* kNamePrefix = "ckpt-";
 constexpr const char* kNameSuffix = ".ctckpt";
 
@@ -31,10 +33,10 @@ void put_u64(std::string* out, uint64_t value) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
-uint64_t get_u64(const std::string& in, size_t at) {
+uint64_t get_u64(const char* in) {
   uint64_t value = 0;
   for (int i = 0; i < 8; ++i) {
-    value |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+    value |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
   }
   return value;
 }
@@ -49,6 +51,21 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
     data += n;
     size -= static_cast<size_t>(n);
   }
+}
+
+// Reads up to `size` bytes; fewer only at the end of the file; -1 on error.
+ssize_t read_full(int fd, char* data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::read(fd, data + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return static_cast<ssize_t>(done);
 }
 
 void fsync_path(const std::string& path, int flags) {
@@ -74,6 +91,87 @@ std::optional<int64_t> step_of(const std::string& name) {
     return std::nullopt;
   }
   return std::stoll(digits);
+}
+
+struct Header {
+  int64_t step = 0;
+  uint64_t size = 0;
+};
+
+// Says where the payload of `size` bytes goes; false rejects the file.
+using Placer = std::function<bool(uint64_t size, char** dest)>;
+
+// Reads `path` and verifies it while streaming: the payload goes where
+// `place` says, 1 MiB at a time, or, with no `place`, is only hashed.
+std::optional<Header> read_checked(const std::string& path, std::string* why, const Placer& place) {
+  auto reject = [&](const std::string& reason) -> std::optional<Header> {
+    if (why != nullptr) *why = reason;
+    return std::nullopt;
+  };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return reject(std::string("cannot open: ") + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return reject(std::string("cannot stat: ") + std::strerror(errno));
+  const uint64_t file_size = st.st_size > 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  if (file_size < kHeader + kTrailer) {
+    return reject("truncated: " + std::to_string(file_size) + " bytes");
+  }
+  char header[kHeader];
+  ssize_t n = read_full(fd, header, kHeader);
+  if (n < 0) return reject(std::string("read failed: ") + std::strerror(errno));
+  if (static_cast<size_t>(n) < kHeader) return reject("truncated while being read");
+  if (std::memcmp(header, kMagic, sizeof kMagic) != 0) return reject("bad magic");
+  const uint64_t size = get_u64(header + 16);
+  if (size != file_size - kHeader - kTrailer) {
+    return reject("truncated or torn: the header promises " + std::to_string(size) +
+                  " payload bytes, the file holds " +
+                  std::to_string(file_size - kHeader - kTrailer));
+  }
+  char* dest = nullptr;
+  std::vector<char> scratch;
+  if (place) {
+    if (!place(size, &dest)) return std::nullopt;
+  } else {
+    scratch.resize(static_cast<size_t>(std::min<uint64_t>(size, kChunk)));
+  }
+  Sha256 hash;
+  hash.update(header, kHeader);
+  for (uint64_t done = 0; done < size;) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, size - done));
+    char* at = place ? dest + done : scratch.data();
+    n = read_full(fd, at, want);
+    if (n < 0) return reject(std::string("read failed: ") + std::strerror(errno));
+    if (static_cast<size_t>(n) < want) return reject("truncated while being read");
+    hash.update(at, want);
+    done += want;
+  }
+  unsigned char trailer[kTrailer];
+  n = read_full(fd, reinterpret_cast<char*>(trailer), kTrailer);
+  if (n < 0) return reject(std::string("read failed: ") + std::strerror(errno));
+  if (static_cast<size_t>(n) < kTrailer) return reject("truncated while being read");
+  const auto digest = hash.finish();
+  if (std::memcmp(digest.data(), trailer, kTrailer) != 0) {
+    return reject("checksum mismatch (corrupted)");
+  }
+  return Header{static_cast<int64_t>(get_u64(header + 8)), size};
+}
+
+template <typename Result, typename Load>
+std::optional<Result> load_latest(const std::string& dir, const Load& load) {
+  auto steps = list_checkpoints(dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const std::string path = checkpoint_path(dir, *it);
+    std::string why;
+    std::optional<Result> loaded = load(path, &why);
+    if (loaded && loaded->step == *it) return loaded;
+    if (loaded) why = "its header says step " + std::to_string(loaded->step);
+    get_logger("coll")->warn("skipping checkpoint {}: {}", path, why);
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -131,44 +229,37 @@ std::string save_checkpoint(const std::string& dir, int64_t step, std::string_vi
 }
 
 std::optional<Checkpoint> load_checkpoint(const std::string& path, std::string* why) {
-  auto reject = [&](const std::string& reason) -> std::optional<Checkpoint> {
-    if (why != nullptr) *why = reason;
-    return std::nullopt;
-  };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return reject(std::string("cannot open: ") + std::strerror(errno));
-  std::string data;
-  char chunk[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      return reject(std::string("read failed: ") + std::strerror(errno));
-    }
-    if (n == 0) break;
-    data.append(chunk, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (data.size() < kHeader + kTrailer) {
-    return reject("truncated: " + std::to_string(data.size()) + " bytes");
-  }
-  if (data.compare(0, sizeof kMagic, kMagic, sizeof kMagic) != 0) return reject("bad magic");
-  const uint64_t size = get_u64(data, 16);
-  if (size != data.size() - kHeader - kTrailer) {
-    return reject("truncated or torn: the header promises " + std::to_string(size) +
-                  " payload bytes, the file holds " +
-                  std::to_string(data.size() - kHeader - kTrailer));
-  }
-  const auto digest = sha256(data.data(), data.size() - kTrailer);
-  if (std::memcmp(digest.data(), data.data() + data.size() - kTrailer, kTrailer) != 0) {
-    return reject("checksum mismatch (corrupted)");
-  }
   Checkpoint out;
-  out.step = static_cast<int64_t>(get_u64(data, 8));
-  out.payload = data.substr(kHeader, size);
+  auto header = read_checked(path, why, [&](uint64_t size, char** dest) {
+    out.payload.resize(static_cast<size_t>(size));
+    *dest = out.payload.data();
+    return true;
+  });
+  if (!header) return std::nullopt;
+  out.step = header->step;
   out.path = path;
   return out;
+}
+
+std::optional<CheckpointInfo> load_checkpoint(const std::string& path, void* buffer,
+                                              size_t capacity, std::string* why) {
+  auto header = read_checked(path, why, [&](uint64_t size, char** dest) {
+    if (size > capacity) {
+      if (why != nullptr) {
+        *why = "the payload of " + std::to_string(size) + " bytes does not fit the buffer of " +
+               std::to_string(capacity);
+      }
+      return false;
+    }
+    *dest = static_cast<char*>(buffer);
+    return true;
+  });
+  if (!header) return std::nullopt;
+  CheckpointInfo info;
+  info.step = header->step;
+  info.size = header->size;
+  info.path = path;
+  return info;
 }
 
 std::vector<int64_t> list_checkpoints(const std::string& dir) {
@@ -184,16 +275,15 @@ std::vector<int64_t> list_checkpoints(const std::string& dir) {
 }
 
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
-  auto steps = list_checkpoints(dir);
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    const std::string path = checkpoint_path(dir, *it);
-    std::string why;
-    auto loaded = load_checkpoint(path, &why);
-    if (loaded && loaded->step == *it) return loaded;
-    if (loaded) why = "its header says step " + std::to_string(loaded->step);
-    get_logger("coll")->warn("skipping checkpoint {}: {}", path, why);
-  }
-  return std::nullopt;
+  return load_latest<Checkpoint>(
+      dir, [](const std::string& path, std::string* why) { return load_checkpoint(path, why); });
+}
+
+std::optional<CheckpointInfo> load_latest_checkpoint(const std::string& dir, void* buffer,
+                                                     size_t capacity) {
+  return load_latest<CheckpointInfo>(dir, [&](const std::string& path, std::string* why) {
+    return load_checkpoint(path, buffer, capacity, why);
+  });
 }
 
 }  // namespace ctorchrun::dist

@@ -17,6 +17,7 @@
 // Thread safety: none needed beyond the file system's; one writer per DIR.
 // Throws IoError when a file cannot be written, synced or renamed.
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,6 +32,13 @@ struct Checkpoint {
   std::string path;
 };
 
+// What a load into the caller's buffer read.
+struct CheckpointInfo {
+  int64_t step = 0;
+  uint64_t size = 0;  // payload bytes written to the buffer
+  std::string path;
+};
+
 // The final path of the checkpoint of `step` in `dir`.
 std::string checkpoint_path(const std::string& dir, int64_t step);
 
@@ -40,8 +48,15 @@ std::string save_checkpoint(const std::string& dir, int64_t step, std::string_vi
                             int keep_last = 0);
 
 // Reads and verifies one file; nullopt (and `why`, when given, says what is
-// wrong) if it is missing, truncated, torn or corrupted.
+// wrong) if it is missing, truncated, torn or corrupted. The checksum is
+// verified while reading: memory use is the payload and a 1 MiB buffer.
 std::optional<Checkpoint> load_checkpoint(const std::string& path, std::string* why = nullptr);
+
+// The same, reading the payload straight into `buffer` (`capacity` bytes);
+// a payload larger than `capacity` is rejected before anything is read. On
+// nullopt the buffer may hold part of the rejected file.
+std::optional<CheckpointInfo> load_checkpoint(const std::string& path, void* buffer,
+                                              size_t capacity, std::string* why = nullptr);
 
 // The steps of the checkpoint files in `dir`, ascending, valid or not.
 std::vector<int64_t> list_checkpoints(const std::string& dir);
@@ -49,5 +64,9 @@ std::vector<int64_t> list_checkpoints(const std::string& dir);
 // The valid checkpoint of highest step, skipping (with a warning on the
 // "coll" logger) every invalid one; nullopt if there is none.
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
+
+// The same into the caller's buffer, as load_checkpoint(path, buffer, ...).
+std::optional<CheckpointInfo> load_latest_checkpoint(const std::string& dir, void* buffer,
+                                                     size_t capacity);
 
 }  // namespace ctorchrun::dist
