@@ -9,7 +9,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
+#include <map>
+#include <mutex>
 
 #include "collectives/sha256.h"
 #include "common/error.h"
@@ -25,6 +28,46 @@ constexpr size_t kChunk = size_t{1} << 20;
 constexpr const char* kNamePrefix = "ckpt-";
 constexpr const char* kNameSuffix = ".ctckpt";
 
+// A file's identity and version: a file verified once needs no second read
+// while these stay the same.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  bool operator==(const FileId& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns &&
+           ctime_ns == o.ctime_ns;
+  }
+};
+
+std::mutex g_state_mutex;  // guards g_verified
+// A checkpoint file known valid: its identity when verified, its step, and
+// when (wall clock, ns) it was verified.
+struct Verified {
+  FileId id;
+  int64_t step = 0;
+  int64_t at_ns = 0;
+};
+std::map<std::string, Verified> g_verified;
+
+int64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// File times are coarse (a clock tick): a file rewritten in place within the
+// tick of its verification keeps its identity. As git does for its index, a
+// verification is trusted only when the file's mtime was well before it.
+constexpr int64_t kRacyNs = int64_t{2} * 1000000000;
+
+void remember_valid(const std::string& path, const FileId& id, int64_t step) {
+  std::lock_guard<std::mutex> lock(g_state_mutex);
+  g_verified[path] = Verified{id, step, now_ns()};
+}
+
 [[noreturn]] void io_fail(const std::string& what, const std::string& path) {
   throw IoError("checkpoint: " + what + " '" + path + "' failed: " + std::strerror(errno));
 }
@@ -39,6 +82,18 @@ uint64_t get_u64(const char* in) {
     value |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
   }
   return value;
+}
+
+std::optional<FileId> file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  FileId id;
+  id.dev = st.st_dev;
+  id.ino = st.st_ino;
+  id.size = st.st_size;
+  id.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  id.ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
+  return id;
 }
 
 void write_all(int fd, const char* data, size_t size, const std::string& path) {
@@ -160,6 +215,58 @@ std::optional<Header> read_checked(const std::string& path, std::string* why, co
   return Header{static_cast<int64_t>(get_u64(header + 8)), size};
 }
 
+// Whether `path` is a valid checkpoint of `step`; read about once per
+// version of the file (see kRacyNs).
+bool is_valid(const std::string& path, int64_t step) {
+  const auto id = file_id(path);
+  if (!id) return false;
+  {
+    std::lock_guard<std::mutex> lock(g_state_mutex);
+    auto it = g_verified.find(path);
+    if (it != g_verified.end() && it->second.id == *id && it->second.step == step &&
+        id->mtime_ns + kRacyNs < it->second.at_ns) {
+      return true;
+    }
+  }
+  auto header = read_checked(path, nullptr, {});
+  if (!header || header->step != step) return false;
+  if (file_id(path) == id) remember_valid(path, *id, step);
+  return true;
+}
+
+// Keeps the keep_last valid checkpoints of highest step and `written`;
+// removes the other valid ones, never an invalid one.
+void prune(const std::string& dir, int64_t written, int keep_last) {
+  auto steps = list_checkpoints(dir);
+  int kept = 0;
+  bool removed = false;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const std::string path = checkpoint_path(dir, *it);
+    if (*it == written) {
+      ++kept;
+      continue;
+    }
+    if (!is_valid(path, *it)) continue;
+    if (kept < keep_last) {
+      ++kept;
+      continue;
+    }
+    if (::unlink(path.c_str()) != 0) {
+      // The new checkpoint is in place: a file left over is no reason to fail.
+      if (errno != ENOENT) {
+        get_logger("coll")->warn("checkpoint: cannot remove {}: {}", path, std::strerror(errno));
+      }
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(g_state_mutex);
+      g_verified.erase(path);
+    }
+    removed = true;
+  }
+  if (removed) fsync_path(dir, O_RDONLY | O_DIRECTORY);
+}
+
 template <typename Result, typename Load>
 std::optional<Result> load_latest(const std::string& dir, const Load& load) {
   auto steps = list_checkpoints(dir);
@@ -216,15 +323,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, std::string_vi
   }
   fsync_path(dir, O_RDONLY | O_DIRECTORY);
 
-  if (keep_last > 0) {
-    auto steps = list_checkpoints(dir);
-    if (steps.size() > static_cast<size_t>(keep_last)) {
-      for (size_t i = 0; i + static_cast<size_t>(keep_last) < steps.size(); ++i) {
-        ::unlink(checkpoint_path(dir, steps[i]).c_str());
-      }
-      fsync_path(dir, O_RDONLY | O_DIRECTORY);
-    }
-  }
+  if (auto id = file_id(final_path)) remember_valid(final_path, *id, step);
+  if (keep_last > 0) prune(dir, step, keep_last);
   return final_path;
 }
 

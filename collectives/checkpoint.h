@@ -12,7 +12,16 @@
 // fsyncs DIR, so a crash at any point leaves either the old set of
 // checkpoints or the new one, never a partial file under the final name. A
 // file that is torn, truncated or corrupted anyway (a disk, a copy, a user)
-// fails the checksum and is skipped, never loaded.
+// fails the checksum and is skipped, never loaded. A file is valid when it is
+// complete, its checksum matches and its header names the step its file name
+// does.
+//
+// Pruning (keep_last > 0): after the new checkpoint is durable, the save keeps
+// the keep_last valid checkpoints of highest step, and always the one it just
+// wrote, and removes the other valid ones. It never removes an invalid file
+// (look at it, or remove it yourself) and never counts one, so when keep_last
+// valid checkpoints existed they still do. Each file is read to verify it
+// about once per process and version of the file, not at every save.
 //
 // Thread safety: none needed beyond the file system's; one writer per DIR.
 // Throws IoError when a file cannot be written, synced or renamed.
@@ -42,8 +51,8 @@ struct CheckpointInfo {
 // The final path of the checkpoint of `step` in `dir`.
 std::string checkpoint_path(const std::string& dir, int64_t step);
 
-// Saves atomically (creating `dir`), then, when keep_last > 0, removes all
-// but the keep_last checkpoints of highest step. Returns the path written.
+// Saves atomically (creating `dir`), then prunes when keep_last > 0 (see
+// above). Returns the path written.
 std::string save_checkpoint(const std::string& dir, int64_t step, std::string_view payload,
                             int keep_last = 0);
 

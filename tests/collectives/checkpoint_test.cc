@@ -1,5 +1,5 @@
 // Checkpoint files through the API every version has had (save, load, list,
-// load the latest): the memory a load takes.
+// load the latest): pruning, and the memory a load takes.
 
 #include "collectives/checkpoint.h"
 
@@ -25,6 +25,65 @@ using ckpt_test::slurp;
 using ckpt_test::spit;
 using ckpt_test::TempDir;
 using ckpt_test::valid_steps;
+
+namespace {
+
+std::vector<int64_t> steps_in(const std::string& dir) { return dist::list_checkpoints(dir); }
+
+}  // namespace
+
+TEST_CASE("checkpoint pruning keeps the file just written when a higher step is invalid",
+          "[unit]") {
+  TempDir dir;
+  dist::save_checkpoint(dir.path, 100, "step 100", 1);
+  const std::string garbage =
+      "not a checkpoint, but long enough to hold a header and a trailer: 0123456789";
+  const std::string bad = dist::checkpoint_path(dir.path, 120);
+  spit(bad, garbage);
+  auto resumed = dist::load_latest_checkpoint(dir.path);
+  REQUIRE(resumed.has_value());
+  CHECK(resumed->step == 100);
+
+  const std::string written = dist::save_checkpoint(dir.path, 101, "step 101", 1);
+  auto reread = dist::load_checkpoint(written);
+  REQUIRE(reread.has_value());
+  CHECK(reread->payload == "step 101");
+  // The invalid file is neither counted nor removed: a person looks at it.
+  CHECK(steps_in(dir.path) == std::vector<int64_t>{101, 120});
+  CHECK(slurp(bad) == garbage);
+  auto latest = dist::load_latest_checkpoint(dir.path);
+  REQUIRE(latest.has_value());
+  CHECK(latest->step == 101);
+}
+
+TEST_CASE("checkpoint pruning counts only valid files and keeps keep_last of them", "[unit]") {
+  TempDir dir;
+  for (int step = 1; step <= 3; ++step) {
+    dist::save_checkpoint(dir.path, step, "step " + std::to_string(step), 3);
+  }
+  // Step 2 goes bad on disk: one bit flipped.
+  const std::string two = dist::checkpoint_path(dir.path, 2);
+  std::string bad = slurp(two);
+  bad[26] = static_cast<char>(bad[26] ^ 0x01);
+  spit(two, bad);
+
+  dist::save_checkpoint(dir.path, 4, "step 4", 3);
+  // Three valid ones are kept (4, 3 and 1); the invalid 2 stays untouched.
+  CHECK(valid_steps(dir.path) == std::vector<int64_t>{1, 3, 4});
+  CHECK(steps_in(dir.path) == std::vector<int64_t>{1, 2, 3, 4});
+  CHECK(slurp(two) == bad);
+
+  dist::save_checkpoint(dir.path, 5, "step 5", 3);
+  CHECK(steps_in(dir.path) == std::vector<int64_t>{2, 3, 4, 5});
+
+  // A step written below a valid higher one is still kept: never the file
+  // just written.
+  dist::save_checkpoint(dir.path, 9, "step 9", 1);
+  CHECK(steps_in(dir.path) == std::vector<int64_t>{2, 9});
+  dist::save_checkpoint(dir.path, 7, "step 7", 1);
+  CHECK(steps_in(dir.path) == std::vector<int64_t>{2, 7, 9});
+  CHECK(valid_steps(dir.path) == std::vector<int64_t>{7, 9});
+}
 
 TEST_CASE("checkpoint loading a 64 MiB checkpoint grows peak memory by under 1.1 times its size",
           "[unit]") {
