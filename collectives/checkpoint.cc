@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -27,6 +28,12 @@ constexpr size_t kTrailer = 32;
 constexpr size_t kChunk = size_t{1} << 20;
 constexpr const char* kNamePrefix = "ckpt-";
 constexpr const char* kNameSuffix = ".ctckpt";
+
+std::atomic<detail::CheckpointEventHook> g_hook{nullptr};
+
+void event(const char* what, const std::string& path) {
+  if (auto hook = g_hook.load()) hook(what, path);
+}
 
 // A file's identity and version: a file verified once needs no second read
 // while these stay the same.
@@ -105,6 +112,7 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
     }
     data += n;
     size -= static_cast<size_t>(n);
+    event("write", path);
   }
 }
 
@@ -123,14 +131,42 @@ ssize_t read_full(int fd, char* data, size_t size) {
   return static_cast<ssize_t>(done);
 }
 
-void fsync_path(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+void fsync_dir(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) io_fail("open for fsync of", path);
   if (::fsync(fd) != 0) {
     ::close(fd);
     io_fail("fsync of", path);
   }
   ::close(fd);
+  event("fsync-dir", path);
+}
+
+// "a/b/c" -> "a/b", "a" -> ".", "/a" -> "/".
+std::string parent_of(const std::string& path) {
+  const size_t end = path.find_last_not_of('/');
+  if (end == std::string::npos) return "/";
+  const size_t slash = path.rfind('/', end);
+  if (slash == std::string::npos) return ".";
+  const size_t parent_end = path.find_last_not_of('/', slash);
+  if (parent_end == std::string::npos) return "/";
+  return path.substr(0, parent_end + 1);
+}
+
+// mkdir -p, each new directory made durable by an fsync of its parent.
+void make_dirs(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return;
+    errno = ENOTDIR;
+    io_fail("mkdir of", dir);
+  }
+  if (errno != ENOENT) io_fail("stat of", dir);
+  const std::string parent = parent_of(dir);
+  if (parent != dir) make_dirs(parent);
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) io_fail("mkdir of", dir);
+  event("mkdir", dir);
+  fsync_dir(parent);
 }
 
 std::optional<int64_t> step_of(const std::string& name) {
@@ -262,9 +298,10 @@ void prune(const std::string& dir, int64_t written, int keep_last) {
       std::lock_guard<std::mutex> lock(g_state_mutex);
       g_verified.erase(path);
     }
+    event("unlink", path);
     removed = true;
   }
-  if (removed) fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  if (removed) fsync_dir(dir);
 }
 
 template <typename Result, typename Load>
@@ -283,6 +320,10 @@ std::optional<Result> load_latest(const std::string& dir, const Load& load) {
 
 }  // namespace
 
+namespace detail {
+void set_checkpoint_event_hook(CheckpointEventHook hook) { g_hook.store(hook); }
+}  // namespace detail
+
 std::string checkpoint_path(const std::string& dir, int64_t step) {
   char digits[32];
   std::snprintf(digits, sizeof digits, "%012lld", static_cast<long long>(step));
@@ -292,7 +333,7 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
 std::string save_checkpoint(const std::string& dir, int64_t step, std::string_view payload,
                             int keep_last) {
   if (step < 0) throw ConfigError("checkpoint: the step must not be negative");
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) io_fail("mkdir of", dir);
+  make_dirs(dir);
   std::string header(kMagic, sizeof kMagic);
   put_u64(&header, static_cast<uint64_t>(step));
   put_u64(&header, payload.size());
@@ -306,23 +347,29 @@ std::string save_checkpoint(const std::string& dir, int64_t step, std::string_vi
       dir + "/.tmp-" + std::to_string(::getpid()) + "-" + final_path.substr(dir.size() + 1);
   int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_fail("create of", temp_path);
+  event("create", temp_path);
   try {
     write_all(fd, header.data(), header.size(), temp_path);
     write_all(fd, payload.data(), payload.size(), temp_path);
     write_all(fd, reinterpret_cast<const char*>(digest.data()), digest.size(), temp_path);
     if (::fsync(fd) != 0) io_fail("fsync of", temp_path);
+    event("fsync", temp_path);
   } catch (...) {
     ::close(fd);
     ::unlink(temp_path.c_str());
     throw;
   }
-  if (::close(fd) != 0) io_fail("close of", temp_path);
+  if (::close(fd) != 0) {
+    ::unlink(temp_path.c_str());
+    io_fail("close of", temp_path);
+  }
+  event("close", temp_path);
   if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
     ::unlink(temp_path.c_str());
     io_fail("rename into", final_path);
   }
-  fsync_path(dir, O_RDONLY | O_DIRECTORY);
-
+  event("rename", final_path);
+  fsync_dir(dir);
   if (auto id = file_id(final_path)) remember_valid(final_path, *id, step);
   if (keep_last > 0) prune(dir, step, keep_last);
   return final_path;

@@ -8,13 +8,27 @@
 // Files are DIR/ckpt-<step, 12 digits>.ctckpt, laid out as
 //   "CTCKPT01" | step (int64 LE) | payload size (uint64 LE) | payload |
 //   SHA-256 of everything before it (32 bytes)
-// A save writes a temporary file in DIR, fsyncs it, renames it into place and
-// fsyncs DIR, so a crash at any point leaves either the old set of
-// checkpoints or the new one, never a partial file under the final name. A
-// file that is torn, truncated or corrupted anyway (a disk, a copy, a user)
-// fails the checksum and is skipped, never loaded. A file is valid when it is
-// complete, its checksum matches and its header names the step its file name
-// does.
+// A file is valid when it is complete, its checksum matches and its header
+// names the step its file name does. Invalid files (torn, truncated,
+// corrupted by a disk, a copy or a user) are skipped, never loaded.
+//
+// Durability contract. A save creates the missing directories of DIR, each
+// followed by an fsync of its parent; writes DIR/.tmp-<pid>-<name>, fsyncs it,
+// renames it to its final name and fsyncs DIR; only then prunes.
+//   - Once save_checkpoint has returned, the checkpoint survives a process
+//     crash, a kernel crash and a power loss.
+//   - A crash of the process, of the kernel or of the power during a save
+//     leaves the checkpoints the directory held before, or the new one
+//     (complete and valid) with them: never neither, and never a partial
+//     file under a checkpoint name. Pruning starts once the new one is
+//     durable, so a crash during it leaves the new one and at least keep_last
+//     valid ones; after a power loss, files it had removed may come back
+//     (they are valid; the next save prunes them again).
+//   - It may leave a partial temporary file.
+//   - What it rests on: storage that honours fsync (no volatile write cache
+//     that acknowledges a flush it has not done) and a file system on which a
+//     rename is atomic. Damage done after the fact (a failing disk) is not
+//     prevented, only detected: such a file fails its checksum and is skipped.
 //
 // Pruning (keep_last > 0): after the new checkpoint is durable, the save keeps
 // the keep_last valid checkpoints of highest step, and always the one it just
@@ -51,7 +65,7 @@ struct CheckpointInfo {
 // The final path of the checkpoint of `step` in `dir`.
 std::string checkpoint_path(const std::string& dir, int64_t step);
 
-// Saves atomically (creating `dir`), then prunes when keep_last > 0 (see
+// Saves durably (creating `dir` and its missing parents), then prunes when keep_last > 0 (see
 // above). Returns the path written.
 std::string save_checkpoint(const std::string& dir, int64_t step, std::string_view payload,
                             int keep_last = 0);
@@ -77,5 +91,15 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
 // The same into the caller's buffer, as load_checkpoint(path, buffer, ...).
 std::optional<CheckpointInfo> load_latest_checkpoint(const std::string& dir, void* buffer,
                                                      size_t capacity);
+
+// ---- For tests only; not a stable API. ----
+namespace detail {
+// Called by save_checkpoint after each step that changes the file system,
+// with the path it touched: "mkdir", "fsync-dir", "create", "write" (each
+// write call), "fsync", "close", "rename", "unlink" (pruning). A test records
+// the sequence, or ends the process there to simulate a crash. nullptr: none.
+using CheckpointEventHook = void (*)(const char* event, const std::string& path);
+void set_checkpoint_event_hook(CheckpointEventHook hook);
+}  // namespace detail
 
 }  // namespace ctorchrun::dist

@@ -1,5 +1,6 @@
 // Checkpoint files through the API every version has had (save, load, list,
-// load the latest): pruning, and the memory a load takes.
+// load the latest): pruning, missing parent directories, and the memory a
+// load takes.
 
 #include "collectives/checkpoint.h"
 
@@ -83,6 +84,19 @@ TEST_CASE("checkpoint pruning counts only valid files and keeps keep_last of the
   dist::save_checkpoint(dir.path, 7, "step 7", 1);
   CHECK(steps_in(dir.path) == std::vector<int64_t>{2, 7, 9});
   CHECK(valid_steps(dir.path) == std::vector<int64_t>{7, 9});
+}
+
+TEST_CASE("checkpoint save creates the missing parents of its directory", "[unit]") {
+  TempDir dir;
+  const std::string nested = dir.path + "/runs/job 7/ckpt";
+  REQUIRE_NOTHROW(dist::save_checkpoint(nested, 1, "step 1"));
+  auto latest = dist::load_latest_checkpoint(nested);
+  REQUIRE(latest.has_value());
+  CHECK(latest->payload == "step 1");
+  // A file in the way is an error, and stays as it was.
+  spit(dir.path + "/file", "mine");
+  CHECK_THROWS_AS(dist::save_checkpoint(dir.path + "/file/ckpt", 1, "step 1"), ctorchrun::IoError);
+  CHECK(slurp(dir.path + "/file") == "mine");
 }
 
 TEST_CASE("checkpoint loading a 64 MiB checkpoint grows peak memory by under 1.1 times its size",
