@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +16,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
+#include <utility>
 
 #include "collectives/sha256.h"
 #include "common/error.h"
@@ -28,6 +32,8 @@ constexpr size_t kTrailer = 32;
 constexpr size_t kChunk = size_t{1} << 20;
 constexpr const char* kNamePrefix = "ckpt-";
 constexpr const char* kNameSuffix = ".ctckpt";
+constexpr const char* kTempPrefix = ".tmp-";
+constexpr const char* kLockName = ".ctckpt-lock";
 
 std::atomic<detail::CheckpointEventHook> g_hook{nullptr};
 
@@ -49,7 +55,19 @@ struct FileId {
   }
 };
 
-std::mutex g_state_mutex;  // guards g_verified
+std::mutex g_save_mutex;   // one save at a time in this process
+std::mutex g_state_mutex;  // guards the three below
+// A writer lock: the flocked lock file, and the process that took it (a
+// forked child inherits the entry and the descriptor, but not the right to
+// write: it is another process).
+struct HeldLock {
+  int fd = -1;
+  pid_t owner = 0;
+};
+// Directory (device, inode) -> the writer lock this process holds on it.
+std::map<std::pair<dev_t, ino_t>, HeldLock> g_locks;
+// Names of the temporary files this process's save is writing.
+std::set<std::string> g_writing;
 // A checkpoint file known valid: its identity when verified, its step, and
 // when (wall clock, ns) it was verified.
 struct Verified {
@@ -184,6 +202,130 @@ std::optional<int64_t> step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
+// This host's name as it appears in temporary file names: characters other
+// than letters, digits, '.', '-' and '_' become '_'.
+const std::string& host_name() {
+  static const std::string name = [] {
+    char buffer[256] = {};
+    if (::gethostname(buffer, sizeof buffer - 1) != 0 || buffer[0] == '\0') {
+      return std::string("unknown-host");
+    }
+    std::string out = buffer;
+    for (char& c : out) {
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '-' || c == '_';
+      if (!ok) c = '_';
+    }
+    return out;
+  }();
+  return name;
+}
+
+// The pid and host of a temporary file name .tmp-<pid>-<host>-ckpt-<step>.ctckpt;
+// the host is empty for the names of older versions (.tmp-<pid>-ckpt-...).
+std::optional<std::pair<long, std::string>> temp_owner(const std::string& name) {
+  const std::string prefix = kTempPrefix;
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  size_t at = prefix.size();
+  const size_t digits_end = name.find_first_not_of("0123456789", at);
+  if (digits_end == std::string::npos || digits_end == at || digits_end - at > 9 ||
+      name[digits_end] != '-') {
+    return std::nullopt;
+  }
+  const long pid = std::stol(name.substr(at, digits_end - at));
+  const size_t tail = name.rfind(std::string("-") + kNamePrefix);
+  if (tail == std::string::npos || tail < digits_end || !step_of(name.substr(tail + 1))) {
+    return std::nullopt;
+  }
+  if (tail == digits_end) return std::make_pair(pid, std::string());
+  return std::make_pair(pid, name.substr(digits_end + 1, tail - digits_end - 1));
+}
+
+bool process_alive(long pid) {
+  if (pid <= 0) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+// Removes the temporary files in `dir` that this host's saves left when they
+// died: the host is ours, the pid is not alive (or is ours, and not saving),
+// and nobody holds the file's flock (a writer does while it writes).
+void sweep_temps(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    auto owner = temp_owner(name);
+    if (!owner || owner->second != host_name()) continue;
+    {
+      std::lock_guard<std::mutex> lock(g_state_mutex);
+      if (g_writing.count(name) != 0) continue;
+    }
+    if (owner->first != static_cast<long>(::getpid()) && process_alive(owner->first)) continue;
+    stale.push_back(dir + "/" + name);
+  }
+  ::closedir(d);
+  for (const auto& path : stale) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(path.c_str()) == 0) {
+      get_logger("coll")->info("removed {}, left by a save that died", path);
+    }
+    ::close(fd);
+  }
+}
+
+// Takes this process's writer lock on `dir` unless it holds it already;
+// true when it took it now. Throws ConfigError when another process holds it.
+bool hold_writer_lock(const std::string& dir) {
+  struct stat dir_stat {};
+  if (::stat(dir.c_str(), &dir_stat) != 0) io_fail("stat of", dir);
+  const auto key = std::make_pair(dir_stat.st_dev, dir_stat.st_ino);
+  std::lock_guard<std::mutex> lock(g_state_mutex);
+  // Forget the locks of directories removed since (their lock file is gone)
+  // and those a parent process took (closing our copy of the descriptor
+  // leaves the parent's lock alone).
+  for (auto it = g_locks.begin(); it != g_locks.end();) {
+    struct stat st {};
+    if (it->second.owner != ::getpid() || ::fstat(it->second.fd, &st) != 0 || st.st_nlink == 0) {
+      ::close(it->second.fd);
+      it = g_locks.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (g_locks.count(key) != 0) return false;
+  const std::string path = dir + "/" + kLockName;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Another user's lock file: a read-only descriptor locks it too (locally).
+  if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_fail("create of", path);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      char buffer[512];
+      ssize_t n = ::pread(fd, buffer, sizeof buffer, 0);
+      ::close(fd);
+      std::string holder = n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "";
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      if (holder.empty()) holder = "a process that has not written its name yet";
+      throw ConfigError("checkpoint: another process writes '" + dir + "' (" + holder +
+                        ", holding the flock on " + path +
+                        "); one process may write a checkpoint directory");
+    }
+    get_logger("coll")->warn(
+        "checkpoint: cannot flock {} ({}): a second writer of {} would go undetected", path,
+        std::strerror(errno), dir);
+  }
+  const std::string me = "host " + host_name() + " pid " + std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    get_logger("coll")->warn("checkpoint: cannot write the holder into {}: {}", path,
+                             std::strerror(errno));
+  }
+  g_locks[key] = HeldLock{fd, ::getpid()};
+  return true;
+}
+
 struct Header {
   int64_t step = 0;
   uint64_t size = 0;
@@ -306,6 +448,7 @@ void prune(const std::string& dir, int64_t written, int keep_last) {
 
 template <typename Result, typename Load>
 std::optional<Result> load_latest(const std::string& dir, const Load& load) {
+  sweep_temps(dir);
   auto steps = list_checkpoints(dir);
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     const std::string path = checkpoint_path(dir, *it);
@@ -333,7 +476,19 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
 std::string save_checkpoint(const std::string& dir, int64_t step, std::string_view payload,
                             int keep_last) {
   if (step < 0) throw ConfigError("checkpoint: the step must not be negative");
+  std::lock_guard<std::mutex> saving(g_save_mutex);
   make_dirs(dir);
+  // This process's first save here: whoever created `dir`, its entry is made
+  // durable before a checkpoint is put in it.
+  if (hold_writer_lock(dir)) {
+    try {
+      fsync_dir(parent_of(dir));
+    } catch (const IoError& e) {  // a parent we may not read: durable if we made it
+      get_logger("coll")->warn("{}", e.what());
+    }
+  }
+  sweep_temps(dir);
+
   std::string header(kMagic, sizeof kMagic);
   put_u64(&header, static_cast<uint64_t>(step));
   put_u64(&header, payload.size());
@@ -343,10 +498,26 @@ std::string save_checkpoint(const std::string& dir, int64_t step, std::string_vi
   const auto digest = hash.finish();
 
   const std::string final_path = checkpoint_path(dir, step);
-  const std::string temp_path =
-      dir + "/.tmp-" + std::to_string(::getpid()) + "-" + final_path.substr(dir.size() + 1);
+  const std::string temp_name = kTempPrefix + std::to_string(::getpid()) + "-" + host_name() + "-" +
+                                final_path.substr(dir.size() + 1);
+  const std::string temp_path = dir + "/" + temp_name;
+  {
+    std::lock_guard<std::mutex> lock(g_state_mutex);
+    g_writing.insert(temp_name);
+  }
+  struct Unmark {
+    const std::string& name;
+    ~Unmark() {
+      std::lock_guard<std::mutex> lock(g_state_mutex);
+      g_writing.erase(name);
+    }
+  } unmark{temp_name};
+
   int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_fail("create of", temp_path);
+  // Held until the file has its final name: a sweeper that can take it knows
+  // no one is writing the file.
+  (void)::flock(fd, LOCK_EX | LOCK_NB);
   event("create", temp_path);
   try {
     write_all(fd, header.data(), header.size(), temp_path);
@@ -354,21 +525,15 @@ std::string save_checkpoint(const std::string& dir, int64_t step, std::string_vi
     write_all(fd, reinterpret_cast<const char*>(digest.data()), digest.size(), temp_path);
     if (::fsync(fd) != 0) io_fail("fsync of", temp_path);
     event("fsync", temp_path);
+    if (::rename(temp_path.c_str(), final_path.c_str()) != 0) io_fail("rename into", final_path);
+    event("rename", final_path);
   } catch (...) {
     ::close(fd);
     ::unlink(temp_path.c_str());
     throw;
   }
-  if (::close(fd) != 0) {
-    ::unlink(temp_path.c_str());
-    io_fail("close of", temp_path);
-  }
-  event("close", temp_path);
-  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-    ::unlink(temp_path.c_str());
-    io_fail("rename into", final_path);
-  }
-  event("rename", final_path);
+  ::close(fd);  // the data is synced: close has nothing left to report
+  event("close", final_path);
   fsync_dir(dir);
   if (auto id = file_id(final_path)) remember_valid(final_path, *id, step);
   if (keep_last > 0) prune(dir, step, keep_last);
@@ -431,6 +596,17 @@ std::optional<CheckpointInfo> load_latest_checkpoint(const std::string& dir, voi
   return load_latest<CheckpointInfo>(dir, [&](const std::string& path, std::string* why) {
     return load_checkpoint(path, buffer, capacity, why);
   });
+}
+
+void release_checkpoint_lock(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return;
+  std::lock_guard<std::mutex> lock(g_state_mutex);
+  auto it = g_locks.find(std::make_pair(st.st_dev, st.st_ino));
+  if (it == g_locks.end()) return;
+  if (it->second.owner == ::getpid()) (void)::ftruncate(it->second.fd, 0);
+  ::close(it->second.fd);
+  g_locks.erase(it);
 }
 
 }  // namespace ctorchrun::dist

@@ -13,8 +13,8 @@
 // corrupted by a disk, a copy or a user) are skipped, never loaded.
 //
 // Durability contract. A save creates the missing directories of DIR, each
-// followed by an fsync of its parent; writes DIR/.tmp-<pid>-<name>, fsyncs it,
-// renames it to its final name and fsyncs DIR; only then prunes.
+// followed by an fsync of its parent; writes DIR/.tmp-<pid>-<host>-<name>,
+// fsyncs it, renames it to its final name and fsyncs DIR; only then prunes.
 //   - Once save_checkpoint has returned, the checkpoint survives a process
 //     crash, a kernel crash and a power loss.
 //   - A crash of the process, of the kernel or of the power during a save
@@ -24,7 +24,11 @@
 //     durable, so a crash during it leaves the new one and at least keep_last
 //     valid ones; after a power loss, files it had removed may come back
 //     (they are valid; the next save prunes them again).
-//   - It may leave a partial temporary file.
+//   - It may leave a partial temporary file; the next save_checkpoint or
+//     load_latest_checkpoint on the same host removes it once the process
+//     that wrote it is dead and no one holds its flock (files of other hosts
+//     are theirs to remove: DIR may be on a shared file system; names without
+//     a host, from older versions, are left alone).
 //   - What it rests on: storage that honours fsync (no volatile write cache
 //     that acknowledges a flush it has not done) and a file system on which a
 //     rename is atomic. Damage done after the fact (a failing disk) is not
@@ -37,7 +41,13 @@
 // valid checkpoints existed they still do. Each file is read to verify it
 // about once per process and version of the file, not at every save.
 //
-// Thread safety: none needed beyond the file system's; one writer per DIR.
+// Writers: one process per directory. The first save to DIR takes an flock
+// on DIR/.ctckpt-lock and keeps it until the process exits or calls
+// release_checkpoint_lock(DIR); a save from another process meanwhile throws
+// ConfigError naming the holder (host and pid); a forked child is another
+// process. Readers take no lock. Saves within one process are serialized;
+// loads may run from any thread.
+//
 // Throws IoError when a file cannot be written, synced or renamed.
 
 #include <cstddef>
@@ -65,8 +75,8 @@ struct CheckpointInfo {
 // The final path of the checkpoint of `step` in `dir`.
 std::string checkpoint_path(const std::string& dir, int64_t step);
 
-// Saves durably (creating `dir` and its missing parents), then prunes when keep_last > 0 (see
-// above). Returns the path written.
+// Saves durably (creating `dir` and its missing parents), then prunes when
+// keep_last > 0 (see above). Returns the path written.
 std::string save_checkpoint(const std::string& dir, int64_t step, std::string_view payload,
                             int keep_last = 0);
 
@@ -85,18 +95,23 @@ std::optional<CheckpointInfo> load_checkpoint(const std::string& path, void* buf
 std::vector<int64_t> list_checkpoints(const std::string& dir);
 
 // The valid checkpoint of highest step, skipping (with a warning on the
-// "coll" logger) every invalid one; nullopt if there is none.
+// "coll" logger) every invalid one; nullopt if there is none. Removes this
+// host's temporary files of saves whose process is dead.
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
 
 // The same into the caller's buffer, as load_checkpoint(path, buffer, ...).
 std::optional<CheckpointInfo> load_latest_checkpoint(const std::string& dir, void* buffer,
                                                      size_t capacity);
 
+// Gives up this process's writer lock on `dir` (taken by its first save), so
+// that another process may write there. A save here takes it again.
+void release_checkpoint_lock(const std::string& dir);
+
 // ---- For tests only; not a stable API. ----
 namespace detail {
 // Called by save_checkpoint after each step that changes the file system,
 // with the path it touched: "mkdir", "fsync-dir", "create", "write" (each
-// write call), "fsync", "close", "rename", "unlink" (pruning). A test records
+// write call), "fsync", "rename", "close", "unlink" (pruning). A test records
 // the sequence, or ends the process there to simulate a crash. nullptr: none.
 using CheckpointEventHook = void (*)(const char* event, const std::string& path);
 void set_checkpoint_event_hook(CheckpointEventHook hook);

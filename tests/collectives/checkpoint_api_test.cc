@@ -1,6 +1,6 @@
 // Checkpoints through the API added for issue 23: loads into the caller's
 // buffer, the test hook of dist::detail (the order of a save's syncs, a crash
-// at every step of a save).
+// at every step of a save), release_checkpoint_lock.
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -108,6 +108,7 @@ TEST_CASE("checkpoint a crash at every step of a save leaves the old or the new 
   TempDir before;
   for (int64_t step : {1, 2}) dist::save_checkpoint(before.path, step, payload_of(step));
   spit(dist::checkpoint_path(before.path, 9), "corrupt, and long enough to have a header and more");
+  dist::release_checkpoint_lock(before.path);
   auto copy_of_before = [&](const std::string& to) {
     std::filesystem::copy(before.path, to, std::filesystem::copy_options::recursive);
   };
@@ -123,6 +124,7 @@ TEST_CASE("checkpoint a crash at every step of a save leaves the old or the new 
       EventHook hook(record_event);
       dist::save_checkpoint(work, 3, payload_of(3), 2);
     }
+    dist::release_checkpoint_lock(work);
     steps = g_events.size();
     CHECK(find_event("unlink", dist::checkpoint_path(work, 1)) >= 0);
   }
@@ -159,7 +161,9 @@ TEST_CASE("checkpoint a crash at every step of a save leaves the old or the new 
 
     // The next save recovers: the same result as a save that never crashed.
     dist::save_checkpoint(work, 3, payload_of(3), 2);
+    dist::release_checkpoint_lock(work);
     CHECK(valid_steps(work) == std::vector<int64_t>{2, 3});
+    CHECK(names_starting(work, ".tmp-").empty());
   }
   CHECK(saw_old);
   CHECK(saw_new);
@@ -232,4 +236,30 @@ TEST_CASE("checkpoint load of 64 MiB into the caller's buffer takes little memor
   CHECK(ok == "ok");
   CHECK(growth_kib >= 0);
   CHECK(growth_kib * 1024 <= (4 << 20));
+}
+
+TEST_CASE("checkpoint release_checkpoint_lock lets another process write the directory", "[unit]") {
+  TempDir dir;
+  dist::save_checkpoint(dir.path, 1, "step 1");
+  auto save_in_child = [&](int64_t step) {
+    Child child([&](int out, int) {
+      try {
+        dist::save_checkpoint(dir.path, step, "step " + std::to_string(step));
+        ckpt_test::write_text(out, "saved\n");
+      } catch (const ctorchrun::ConfigError& e) {
+        ckpt_test::write_text(out, std::string("refused: ") + e.what() + "\n");
+      }
+    });
+    std::string line = child.read_line(60000);
+    child.wait(60000);
+    return line;
+  };
+  // A forked child is another process: the parent's lock keeps it out.
+  CHECK_THAT(save_in_child(2),
+             Catch::StartsWith("refused") && Catch::Contains("pid " + std::to_string(::getpid())));
+  dist::release_checkpoint_lock(dir.path);
+  CHECK(save_in_child(3) == "saved\n");
+  // The child has exited; a save here takes the lock again.
+  REQUIRE_NOTHROW(dist::save_checkpoint(dir.path, 4, "step 4"));
+  CHECK(dist::list_checkpoints(dir.path) == std::vector<int64_t>{1, 3, 4});
 }

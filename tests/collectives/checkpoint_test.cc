@@ -1,6 +1,6 @@
 // Checkpoint files through the API every version has had (save, load, list,
-// load the latest): pruning, missing parent directories, and the memory a
-// load takes.
+// load the latest): pruning, temporary files of saves that died, missing
+// parent directories, two writers, and the memory a load takes.
 
 #include "collectives/checkpoint.h"
 
@@ -86,6 +86,62 @@ TEST_CASE("checkpoint pruning counts only valid files and keeps keep_last of the
   CHECK(valid_steps(dir.path) == std::vector<int64_t>{7, 9});
 }
 
+TEST_CASE(
+    "checkpoint temporary files of a save killed midway are swept by the next save or load, "
+    "this host's only",
+    "[unit]") {
+  TempDir dir;
+  // Each save runs in a process of its own, as a restarted worker's would.
+  {
+    Child first([&](int, int) { dist::save_checkpoint(dir.path, 1, "step 1"); });
+    const int status = first.wait(60000);
+    INFO(first.output());
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+  }
+  // A save killed midway: the file size limit stops it after 1 MiB of 2.
+  Child crash([&](int, int) {
+    ::signal(SIGXFSZ, SIG_DFL);
+    rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    rlimit one_mib{1 << 20, 1 << 20};
+    ::setrlimit(RLIMIT_FSIZE, &one_mib);
+    dist::save_checkpoint(dir.path, 2, std::string(2 << 20, 'x'));
+  });
+  const pid_t dead = crash.pid();
+  const int status = crash.wait(60000);
+  INFO(crash.output());
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(WTERMSIG(status) == SIGXFSZ);
+
+  auto temps = names_starting(dir.path, ".tmp-");
+  REQUIRE(temps.size() == 1);
+  CHECK(std::filesystem::file_size(dir.path + "/" + temps[0]) > 0);
+  // Its name says whose it is: the pid and the host (the directory may be
+  // shared between hosts).
+  CHECK_THAT(temps[0], Catch::Contains("-" + std::to_string(dead) + "-") &&
+                           Catch::Contains("-" + ckpt_test::temp_host() + "-"));
+
+  // What a sweep leaves: another host's file, and a live process's.
+  std::vector<std::string> kept = {
+      ".tmp-" + std::to_string(dead) + "-another-host.example-ckpt-000000000005.ctckpt",
+      ".tmp-" + std::to_string(::getppid()) + "-" + ckpt_test::temp_host() +
+          "-ckpt-000000000006.ctckpt"};
+  for (const auto& name : kept) spit(dir.path + "/" + name, "partial");
+  std::sort(kept.begin(), kept.end());
+
+  SECTION("by the next save") {
+    dist::save_checkpoint(dir.path, 3, "step 3");
+    CHECK(steps_in(dir.path) == std::vector<int64_t>{1, 3});
+  }
+  SECTION("by the next load") {
+    auto latest = dist::load_latest_checkpoint(dir.path);
+    REQUIRE(latest.has_value());
+    CHECK(latest->step == 1);
+  }
+  CHECK(names_starting(dir.path, ".tmp-") == kept);
+}
+
 TEST_CASE("checkpoint save creates the missing parents of its directory", "[unit]") {
   TempDir dir;
   const std::string nested = dir.path + "/runs/job 7/ckpt";
@@ -97,6 +153,35 @@ TEST_CASE("checkpoint save creates the missing parents of its directory", "[unit
   spit(dir.path + "/file", "mine");
   CHECK_THROWS_AS(dist::save_checkpoint(dir.path + "/file/ckpt", 1, "step 1"), ctorchrun::IoError);
   CHECK(slurp(dir.path + "/file") == "mine");
+}
+
+TEST_CASE("checkpoint a second process writing a directory gets ConfigError naming the holder",
+          "[unit]") {
+  TempDir dir;
+  Child holder([&](int out, int in) {
+    dist::save_checkpoint(dir.path, 1, "step 1");
+    ckpt_test::write_text(out, "saved\n");
+    ckpt_test::read_line_fd(in, 60000);  // until the test lets it go
+  });
+  REQUIRE(holder.read_line(60000) == "saved\n");
+
+  std::string message;
+  try {
+    dist::save_checkpoint(dir.path, 2, "step 2");
+  } catch (const ctorchrun::ConfigError& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("pid " + std::to_string(holder.pid())) &&
+                          Catch::Contains(ckpt_test::temp_host()) && Catch::Contains(dir.path));
+  CHECK(steps_in(dir.path) == std::vector<int64_t>{1});
+  CHECK(names_starting(dir.path, ".tmp-").empty());
+
+  // The holder exits, and its lock goes with it.
+  holder.send("go\n");
+  const int status = holder.wait(60000);
+  CHECK(WIFEXITED(status));
+  REQUIRE_NOTHROW(dist::save_checkpoint(dir.path, 2, "step 2"));
+  CHECK(steps_in(dir.path) == std::vector<int64_t>{1, 2});
 }
 
 TEST_CASE("checkpoint loading a 64 MiB checkpoint grows peak memory by under 1.1 times its size",
