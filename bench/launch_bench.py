@@ -78,11 +78,17 @@ def main():
     names = ["ctorchrun", "torchrun"]
     launch = {n: [] for n in names}
     floor = []
+    # Where ctorchrun's own time goes, by difference: the process alone
+    # (start, dynamic linking, exit), one worker, four workers.
+    bare, one = [], []
     floor_cmd = ["/bin/sh", "-c", " & ".join(["/bin/true"] * a.nproc) + " & wait"]
     restart = {n: [] for n in names}
     restart_job = {n: [] for n in names}
     for _ in range(a.runs):
         floor.append(run(floor_cmd))
+        bare.append(run([CTORCHRUN, "--version"]))
+        one.append(run(launcher("ctorchrun", torchrun) + ["--nproc_per_node", "1", "--no_python",
+                                                            "/bin/true"]))
         for n in names:
             launch[n].append(run(launcher(n, torchrun) + ["--nproc_per_node", str(a.nproc), "--no_python", "/bin/true"]))
     for _ in range(max(3, a.runs // 2)):
@@ -116,6 +122,18 @@ def main():
     fl = statistics.median(floor)
     print(f"| floor: `sh` spawning {a.nproc} `/bin/true` and waiting, wall | {fl*1e3:.1f} ms | | "
           f"ctorchrun / floor: {med['launch']['ctorchrun']/fl:.1f}x |")
+    v, o = statistics.median(bare), statistics.median(one)
+    n = med['launch']['ctorchrun']
+    print()
+    print("ctorchrun's launch by phase (medians, by difference):")
+    print()
+    print("| phase | ms | share |")
+    print("| --- | --- | --- |")
+    print(f"| process start, dynamic linking, exit (`ctorchrun --version`) | {v*1e3:.1f} | {v/n:.0%} |")
+    print(f"| agent set-up and shut-down around one worker (store bound, threads, watcher process, "
+          f"log directory, monitor; `--nproc_per_node=1` minus the above) | {(o-v)*1e3:.1f} | {(o-v)/n:.0%} |")
+    print(f"| {a.nproc - 1} more workers (spawn, output, exit; {((n-o)/max(a.nproc-1,1))*1e3:.2f} ms each) | "
+          f"{(n-o)*1e3:.1f} | {(n-o)/n:.0%} |")
     print()
     print("raw floor ms:", [round(x * 1e3, 1) for x in floor])
     print("raw launch ms:", {n: [round(x * 1e3, 1) for x in launch[n]] for n in names})
