@@ -274,16 +274,27 @@ class GlooBackend : public Backend {
     if (op.type == OpType::kSend || op.type == OpType::kRecv) return post_p2p(op, async);
     auto work = std::make_shared<PromiseWork>(describe(op, rank_, size_));
     std::unique_lock<std::mutex> lock(mutex_);
-    Item item{op, next_tag_++, work};
+    // The tag is this call's place in the group's order: calls run in tag
+    // order, blocking or not, so that every rank runs tag n as its n-th.
+    const uint32_t tag = next_tag_++;
+    queue_.push_back(Item{op, tag, work, !async});
     if (async) {
-      queue_.push_back(std::move(item));
       lock.unlock();
       cv_.notify_all();
       return work;
     }
-    // Blocking: run on this thread once everything started before is done,
+    // Blocking: run on this thread once everything queued before it is done,
     // saving the hand-off to the worker thread (a few microseconds a call).
-    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    cv_.wait(lock, [&] {
+      return stopping_ || (!busy_ && !queue_.empty() && queue_.front().work == work);
+    });
+    if (stopping_) {
+      lock.unlock();
+      work->wait();  // the worker fails it: the group is being destroyed
+      return work;
+    }
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
     busy_ = true;
     lock.unlock();
     std::exception_ptr error;
@@ -296,8 +307,8 @@ class GlooBackend : public Backend {
     busy_ = false;
     lock.unlock();
     cv_.notify_all();
+    work->finish(error);
     if (error) std::rethrow_exception(error);
-    work->finish(nullptr);
     return work;
   }
 
@@ -306,12 +317,15 @@ class GlooBackend : public Backend {
     Op op;
     uint32_t tag;
     std::shared_ptr<PromiseWork> work;
+    bool caller_runs;  // a blocking call: its own thread runs it
   };
 
   void work_loop() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
+      cv_.wait(lock, [&] {
+        return stopping_ || (!queue_.empty() && !busy_ && !queue_.front().caller_runs);
+      });
       if (stopping_) {
         for (auto& item : queue_) {
           item.work->finish(std::make_exception_ptr(

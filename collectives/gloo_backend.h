@@ -8,10 +8,11 @@
 // Set-up: one TCP device per process and interface (GLOO_SOCKET_IFNAME, as
 // torch honours it, else the local address that routes to MASTER_ADDR),
 // then gloo's full-mesh connection through the group's store, bounded by the
-// group's timeout. Collectives run, in the order they are started, on one
-// thread per group (the caller's thread when blocking and nothing is
-// queued); send and recv are posted at once on the caller's thread.
-// Reductions are ours (this gloo has no bfloat16 and no average).
+// group's timeout. Collectives run in the order they are started, one at a
+// time per group: an _async one on the group's thread, a blocking one on its
+// caller's thread once everything started before it is done. send and recv
+// are posted at once on the caller's thread. Reductions are ours (this gloo
+// has no bfloat16 and no average).
 
 #include <memory>
 

@@ -22,9 +22,17 @@
 //
 // Semantics are torch.distributed's: every rank of a group calls the same
 // collectives in the same order with matching counts; roots and peers are
-// ranks of the group. Thread safety: a ProcessGroup may be used from several
-// threads, but collectives must then still be issued in the same order on
-// every rank.
+// ranks of the group.
+//
+// Threads: every method may be called from several threads at once. A
+// collective takes its place in the group's order when it is called,
+// blocking or _async alike, and runs in that place on every rank: the n-th
+// collective call of one rank meets the n-th of every other. Which of two
+// calls made at the same moment by two threads comes first is undefined, as
+// in torch, so threads that share a group must either make calls that may
+// meet in any pairing (identical ones) or order their calls themselves; a
+// group per thread (new_group) is the simple way. send and recv are not part
+// of that order: they are matched by (peer, tag).
 //
 // Errors: ConfigError for a call that cannot be right (bad count, root,
 // average of integers, device the backend cannot use, missing environment);
