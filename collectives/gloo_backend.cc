@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -155,10 +156,38 @@ std::string describe(const Op& op, int rank, int size) {
   return text;
 }
 
-[[noreturn]] void rethrow_translated(const std::string& what, milliseconds timeout) {
+// Why this process closed the group's connections itself, if it did (a
+// dropped send or recv), so that the ops failing afterwards say so instead of
+// gloo's "Application timeout caused pair closure".
+class CloseReason {
+ public:
+  // Records `why` unless a reason is there already; true if it was recorded.
+  bool set(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!why_.empty()) return false;
+    why_ = why;
+    return true;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    why_.clear();
+  }
+  std::string get() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return why_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::string why_;
+};
+
+[[noreturn]] void rethrow_translated(const std::string& what, milliseconds timeout,
+                                     CloseReason& closed) {
+  const std::string reason = closed.get();
   const std::string hint =
-      "; a peer died, hung or was restarted; this group is unusable, exit so the launcher can "
-      "restart the job";
+      (reason.empty() ? "; a peer died, hung or was restarted" : "; " + reason) +
+      "; this group is unusable, exit so the launcher can restart the job";
   try {
     throw;
   } catch (const ctorchrun::Error&) {
@@ -173,57 +202,132 @@ std::string describe(const Op& op, int rank, int size) {
   }
 }
 
+// Calls `fire` at `at` from a thread of its own, unless destroyed first.
+class Alarm {
+ public:
+  Alarm(Clock::time_point at, std::function<void()> fire)
+      : thread_([this, at, fire = std::move(fire)] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!cv_.wait_until(lock, at, [&] { return cancelled_; })) fire();
+        }) {}
+  ~Alarm() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cancelled_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Alarm(const Alarm&) = delete;
+  Alarm& operator=(const Alarm&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool cancelled_ = false;
+  std::thread thread_;  // last: starts once the members it uses exist
+};
+
 // send/recv: posted on the caller's thread; gloo completes them on its loop.
+//
+// gloo's own wait timeout closes every connection of the group, so it is
+// given the op's deadline only; a Work::wait(timeout) that ends earlier
+// interrupts gloo's wait from an Alarm (abortWaitSend/Recv), which leaves
+// the operation posted. gloo cannot take one posted operation back either:
+// dropping the Work of an unfinished one closes the group's connections at
+// once (what the op's timeout would do later), so that gloo's loop never
+// touches the caller's buffer afterwards.
 class P2pWork : public Work {
  public:
   P2pWork(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
-          milliseconds timeout, std::string description)
+          milliseconds timeout, std::string description, std::shared_ptr<CloseReason> closed)
       : buffer_(std::move(buffer)),
         is_send_(is_send),
         deadline_(Clock::now() + timeout),
         timeout_(timeout),
-        description_(std::move(description)) {}
+        description_(std::move(description)),
+        closed_(std::move(closed)) {}
 
-  // gloo's loop holds a raw pointer to the buffer until the operation ends.
   ~P2pWork() override {
+    // Nobody else can be waiting: a waiter holds a reference.
+    if (done_) return;
+    const bool mine = closed_->set("the group was closed when the Work of an unfinished " +
+                                   description_ + " was dropped (gloo cannot cancel it)");
     try {
-      wait();
-    } catch (const std::exception&) {
-      // The failure was reported by wait() when the owner cared to wait.
+      // gloo's wait timing out closes every connection of the group.
+      if (gloo_wait(milliseconds(1)) && mine) closed_->clear();  // it had just completed
+    } catch (const std::exception& e) {
+      // An earlier failure (the peer's) closed it already: not ours to explain.
+      if (mine && std::string(e.what()).find("Timed out waiting") == std::string::npos) {
+        closed_->clear();
+      }
     }
   }
 
-  void wait() override { wait_until(deadline_, false); }
-  void wait(milliseconds timeout) override {
-    wait_until(std::min(deadline_, Clock::now() + timeout), true);
-  }
+  void wait() override { wait_until(deadline_, timeout_); }
+  void wait(milliseconds timeout) override { wait_until(Clock::now() + timeout, timeout); }
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(mutex_);
     return done_;
   }
 
  private:
-  void wait_until(Clock::time_point until, bool caller_bound) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!done_) {
+  // True when the operation completed, false when abort_wait() interrupted
+  // the wait; throws gloo's exception when it failed or timed out.
+  bool gloo_wait(milliseconds timeout) {
+    return is_send_ ? buffer_->waitSend(nullptr, timeout) : buffer_->waitRecv(nullptr, timeout);
+  }
+  void abort_wait() {
+    if (is_send_) {
+      buffer_->abortWaitSend();
+    } else {
+      buffer_->abortWaitRecv();
+    }
+  }
+
+  [[noreturn]] void still_running(milliseconds timeout) const {
+    throw TimeoutError(description_ + " did not complete within " +
+                       std::to_string(timeout.count()) +
+                       " ms (Work::wait timeout); it is still running");
+  }
+
+  // One thread at a time waits in gloo; the others follow it on cv_ and
+  // take over if it leaves first (its own wait timed out).
+  void wait_until(Clock::time_point until, milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!done_) {
+      if (waiting_) {
+        if (!cv_.wait_until(lock, until, [&] { return done_ || !waiting_; })) {
+          still_running(timeout);
+        }
+        continue;
+      }
+      waiting_ = true;
+      lock.unlock();
+      bool completed = false;
+      std::exception_ptr error;
       try {
-        if (is_send_) {
-          buffer_->waitSend(remaining(until));
+        if (until >= deadline_) {
+          completed = gloo_wait(remaining(deadline_));
         } else {
-          buffer_->waitRecv(remaining(until));
+          Alarm alarm(until, [this] { abort_wait(); });
+          completed = gloo_wait(remaining(deadline_));
         }
-        done_ = true;
       } catch (...) {
-        if (caller_bound && Clock::now() < deadline_) {
-          throw TimeoutError(description_ + " did not complete within the Work::wait timeout");
-        }
-        done_ = true;
         try {
-          rethrow_translated(description_, timeout_);
+          rethrow_translated(description_, timeout_, *closed_);
         } catch (...) {
-          error_ = std::current_exception();
+          error = std::current_exception();
         }
       }
+      lock.lock();
+      waiting_ = false;
+      if (completed || error) {
+        done_ = true;
+        error_ = error;
+      }
+      cv_.notify_all();
+      if (!done_) still_running(timeout);
     }
     if (error_) std::rethrow_exception(error_);
   }
@@ -233,7 +337,10 @@ class P2pWork : public Work {
   Clock::time_point deadline_;
   milliseconds timeout_;
   std::string description_;
+  std::shared_ptr<CloseReason> closed_;
   std::mutex mutex_;
+  std::condition_variable cv_;
+  bool waiting_ = false;  // a thread is in gloo_wait
   bool done_ = false;
   std::exception_ptr error_;
 };
@@ -252,7 +359,7 @@ class GlooBackend : public Backend {
       } catch (...) {
         rethrow_translated(
             "gloo set-up of rank " + std::to_string(rank_) + "/" + std::to_string(size_),
-            context.timeout);
+            context.timeout, *closed_);
       }
       context_ = std::move(ctx);
     }
@@ -375,7 +482,7 @@ class GlooBackend : public Backend {
           break;
       }
     } catch (...) {
-      rethrow_translated(item.work->description(), op.timeout);
+      rethrow_translated(item.work->description(), op.timeout, *closed_);
     }
   }
 
@@ -527,9 +634,10 @@ class GlooBackend : public Backend {
         buffer->recv(op.peer, slot);
       }
     } catch (...) {
-      rethrow_translated(description, op.timeout);
+      rethrow_translated(description, op.timeout, *closed_);
     }
-    auto work = std::make_shared<P2pWork>(std::move(buffer), is_send, op.timeout, description);
+    auto work =
+        std::make_shared<P2pWork>(std::move(buffer), is_send, op.timeout, description, closed_);
     if (!async) work->wait();
     return work;
   }
@@ -537,6 +645,7 @@ class GlooBackend : public Backend {
   const int rank_;
   const int size_;
   std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<CloseReason> closed_ = std::make_shared<CloseReason>();
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;

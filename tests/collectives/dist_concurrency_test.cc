@@ -1,4 +1,5 @@
-// libctorch_dist used from several threads of one rank; ranks are threads
+// libctorch_dist used from several threads of one rank, and Work handles of
+// send and recv that fail, time out or are dropped; ranks are threads
 // (tests/collectives/dist_thread_ranks.h). A binary of its own that needs
 // only ctorchrun::dist, so that a sanitizer build can build just this one.
 
@@ -25,6 +26,12 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Both ranks keep their groups until each has reached `name`.
+void rendezvous(ctorchrun::store::Store& store, int rank, const std::string& name) {
+  store.set(name + "/" + std::to_string(rank), "1");
+  store.wait({name + "/0", name + "/1"}, milliseconds(20000));
+}
 
 // Runs body on `n` threads and joins them; the first exception (by what()) or "".
 std::string on_threads(int n, const std::function<void(int)>& body) {
@@ -113,4 +120,144 @@ TEST_CASE("dist threads: blocking and async calls of two threads interleave in c
     CHECK(r.error.empty());
     CHECK(r.value == 100);
   }
+}
+
+TEST_CASE("dist p2p: wait with a timeout reports a peer that failed as such", "[net]") {
+  auto store = std::make_shared<ctorchrun::store::HashStore>();
+  std::string error;
+  bool is_timeout = true, is_io = false;
+  long wait_ms = -1;
+  auto results = run_ranks({0, 1}, [&](int rank, RankResult&) {
+    auto pg = dist::init_process_group(options_for(rank, 2, store, milliseconds(20000)));
+    pg->barrier();
+    if (rank == 0) {
+      int64_t token = 0;
+      auto work = pg->recv_async(dist::make_buffer(&token, 1), 1, 4);
+      store->set("posted", "1");
+      const auto start = Clock::now();
+      try {
+        work->wait(milliseconds(15000));
+      } catch (const ctorchrun::TimeoutError& e) {
+        error = e.what();
+      } catch (const ctorchrun::IoError& e) {
+        error = e.what();
+        is_timeout = false;
+        is_io = true;
+      }
+      wait_ms = ms_since(start);
+    } else {
+      // Rank 1 goes away without sending: its connections close.
+      store->wait({"posted"}, milliseconds(20000));
+      pg.reset();
+    }
+  });
+  REQUIRE(results[0].error.empty());
+  REQUIRE(results[1].error.empty());
+  INFO(error);
+  CHECK_FALSE(is_timeout);
+  CHECK(is_io);
+  CHECK_THAT(error, Catch::Contains("recv of 1 int64") && Catch::Contains("from rank 1"));
+  CHECK(wait_ms < 10000);
+}
+
+// Another thread already in wait() does not hold up a wait(timeout) either.
+TEST_CASE("dist p2p: a wait that times out leaves the recv running, it completes later", "[net]") {
+  const bool other_waiter = GENERATE(false, true);
+  INFO("another thread in wait(): " << other_waiter);
+  auto store = std::make_shared<ctorchrun::store::HashStore>();
+  std::string early, other_error = "not run";
+  bool early_is_timeout = false;
+  long early_ms = -1;
+  int64_t received = 0;
+  auto results = run_ranks({0, 1}, [&](int rank, RankResult&) {
+    auto pg = dist::init_process_group(options_for(rank, 2, store, milliseconds(10000)));
+    pg->barrier();
+    if (rank == 0) {
+      auto work = pg->recv_async(dist::make_buffer(&received, 1), 1, 6);
+      std::thread other;
+      if (other_waiter) {
+        other = std::thread([&] {
+          try {
+            work->wait();
+            other_error.clear();
+          } catch (const std::exception& e) {
+            other_error = e.what();
+          }
+        });
+      }
+      const auto start = Clock::now();
+      try {
+        work->wait(milliseconds(50));
+      } catch (const ctorchrun::TimeoutError& e) {
+        early = e.what();
+        early_is_timeout = true;
+      }
+      early_ms = ms_since(start);
+      store->set("waited", "1");
+      work->wait();
+      if (other.joinable()) other.join();
+    } else {
+      store->wait({"waited"}, milliseconds(20000));
+      int64_t token = 77;
+      pg->send(dist::make_buffer(&token, 1), 0, 6);
+    }
+    // The group is still whole.
+    float x = 1;
+    pg->all_reduce(dist::make_buffer(&x, 1));
+    if (x != 2.0f) throw ctorchrun::IoError("all_reduce after the p2p gave " + std::to_string(x));
+  });
+  INFO(results[0].error);
+  INFO(results[1].error);
+  REQUIRE(results[0].error.empty());
+  REQUIRE(results[1].error.empty());
+  CHECK(early_is_timeout);
+  CHECK_THAT(early, Catch::Contains("recv of 1 int64") && Catch::Contains("still running"));
+  CHECK(early_ms < 5000);
+  CHECK(received == 77);
+  if (other_waiter) CHECK(other_error.empty());
+}
+
+// gloo cannot take back one posted send or recv: dropping its Work closes
+// the group's connections, at once, instead of waiting up to the op's
+// timeout for a match; later calls on either rank fail.
+TEST_CASE("dist p2p: dropping the Work of an unmatched send or recv returns at once", "[net]") {
+  const bool send = GENERATE(true, false);
+  INFO((send ? "send" : "recv"));
+  auto store = std::make_shared<ctorchrun::store::HashStore>();
+  long drop_ms = -1;
+  std::string after[2];
+  auto results = run_ranks({0, 1}, [&](int rank, RankResult& out) {
+    auto pg = dist::init_process_group(options_for(rank, 2, store, milliseconds(8000)));
+    pg->barrier();
+    if (rank == 0) {
+      std::vector<float> data(4, 1.0f);
+      const auto start = Clock::now();
+      {
+        auto buffer = dist::make_buffer(data.data(), data.size());
+        auto work = send ? pg->send_async(buffer, 1, 2) : pg->recv_async(buffer, 1, 2);
+      }
+      drop_ms = ms_since(start);
+    }
+    rendezvous(*store, rank, "dropped");
+    const auto start = Clock::now();
+    try {
+      pg->barrier(milliseconds(8000));
+    } catch (const ctorchrun::Error& e) {
+      after[rank] = e.what();
+    }
+    out.value = static_cast<double>(ms_since(start));
+    rendezvous(*store, rank, "done");
+  });
+  REQUIRE(results[0].error.empty());
+  REQUIRE(results[1].error.empty());
+  CHECK(drop_ms >= 0);
+  CHECK(drop_ms < 2000);
+  INFO(after[0]);
+  INFO(after[1]);
+  CHECK_THAT(after[0], Catch::Contains("barrier") &&
+                           Catch::Contains(send ? "send of 4 float32" : "recv of 4 float32") &&
+                           Catch::Contains("dropped"));
+  CHECK_FALSE(after[1].empty());
+  CHECK(results[0].value < 5000);
+  CHECK(results[1].value < 5000);
 }
