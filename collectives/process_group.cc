@@ -192,7 +192,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks,
                                                       milliseconds timeout) {
-  const int id = next_group_++;
+  const int id = next_group_.fetch_add(1);
   std::set<int> seen;
   for (int r : ranks) {
     if (r < 0 || r >= size() || !seen.insert(r).second) {

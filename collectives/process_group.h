@@ -24,20 +24,21 @@
 // collectives in the same order with matching counts; roots and peers are
 // ranks of the group.
 //
-// Threads: every method may be called from several threads at once. A
-// collective takes its place in the group's order when it is called,
-// blocking or _async alike, and runs in that place on every rank: the n-th
-// collective call of one rank meets the n-th of every other. Which of two
-// calls made at the same moment by two threads comes first is undefined, as
-// in torch, so threads that share a group must either make calls that may
-// meet in any pairing (identical ones) or order their calls themselves; a
-// group per thread (new_group) is the simple way. send and recv are not part
-// of that order: they are matched by (peer, tag).
+// Threads: every method may be called from several threads at once,
+// new_group included. A collective takes its place in the group's order when
+// it is called, blocking or _async alike, and runs in that place on every
+// rank: the n-th collective call of one rank meets the n-th of every other.
+// Which of two calls made at the same moment by two threads comes first is
+// undefined, as in torch, so threads that share a group must either make
+// calls that may meet in any pairing (identical ones) or order their calls
+// themselves; a group per thread (new_group) is the simple way. send and
+// recv are not part of that order: they are matched by (peer, tag).
 //
 // Errors: ConfigError for a call that cannot be right (bad count, root,
 // average of integers, device the backend cannot use, missing environment);
 // TimeoutError and IoError from the network (see Work).
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -175,7 +176,7 @@ class ProcessGroup {
   std::shared_ptr<store::Store> root_store_;
   std::vector<int> global_ranks_;
   std::shared_ptr<void> keep_alive_;  // a store server this process hosts
-  int next_group_ = 0;
+  std::atomic<int> next_group_{0};    // new_group may be called from several threads
 };
 
 // Builds the default group from the environment (see the top of this file).

@@ -261,3 +261,39 @@ TEST_CASE("dist p2p: dropping the Work of an unmatched send or recv returns at o
   CHECK(results[0].value < 5000);
   CHECK(results[1].value < 5000);
 }
+
+// The counter behind subgroup ids (and so their store keys) is shared by
+// every thread that calls new_group.
+TEST_CASE("dist groups: new_group from several threads at once gives distinct groups", "[net]") {
+  auto store = std::make_shared<ctorchrun::store::HashStore>();
+  constexpr int kThreads = 4, kGroups = 10;
+  auto results = run_ranks({0, 1}, [&](int rank, RankResult& out) {
+    auto pg = dist::init_process_group(options_for(rank, 2, store, milliseconds(10000)));
+    std::mutex mutex;
+    int right = 0;
+    const std::string error = on_threads(kThreads, [&](int) {
+      for (int i = 0; i < kGroups; ++i) {
+        auto sub = pg->new_group({0, 1});
+        int64_t v = rank + 1;
+        sub->all_reduce(dist::make_buffer(&v, 1));
+        std::lock_guard<std::mutex> lock(mutex);
+        if (v == 3) ++right;
+      }
+    });
+    if (!error.empty()) throw ctorchrun::IoError(error);
+    out.value = right;
+  });
+  for (const auto& r : results) {
+    INFO(r.error);
+    CHECK(r.error.empty());
+    CHECK(r.value == kThreads * kGroups);
+  }
+  // Ids 0 .. N-1, each taken once per rank (a repeated id would leave a gap).
+  const std::string prefix = "ctorch_dist/attempt_0/pg_1/group_";
+  for (int id = 0; id < kThreads * kGroups; ++id) {
+    INFO("group " << id);
+    CHECK(store->check({prefix + std::to_string(id) + "/arrived/0"}));
+    CHECK(store->check({prefix + std::to_string(id) + "/arrived/1"}));
+  }
+  CHECK_FALSE(store->check({prefix + std::to_string(kThreads * kGroups) + "/ranks"}));
+}
