@@ -239,9 +239,11 @@ class Alarm {
 // touches the caller's buffer afterwards.
 class P2pWork : public Work {
  public:
-  P2pWork(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
+  P2pWork(std::shared_ptr<gloo::transport::Device> device,
+          std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
           milliseconds timeout, std::string description, std::shared_ptr<CloseReason> closed)
-      : buffer_(std::move(buffer)),
+      : device_(std::move(device)),
+        buffer_(std::move(buffer)),
         is_send_(is_send),
         deadline_(Clock::now() + timeout),
         timeout_(timeout),
@@ -332,6 +334,9 @@ class P2pWork : public Work {
     if (error_) std::rethrow_exception(error_);
   }
 
+  // The buffer holds the tcp context, which may outlive the backend: the
+  // device must outlive both (see GlooBackend::device_).
+  std::shared_ptr<gloo::transport::Device> device_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
   bool is_send_;
   Clock::time_point deadline_;
@@ -350,12 +355,12 @@ class GlooBackend : public Backend {
   explicit GlooBackend(const BackendContext& context) : rank_(context.rank), size_(context.size) {
     if (size_ > 1) {
       const auto deadline = Clock::now() + context.timeout;
-      auto device = device_for(context.master_addr);
+      device_ = device_for(context.master_addr);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
       ctx->setTimeout(context.timeout);
       StoreAdapter adapter(context.store, deadline);
       try {
-        ctx->connectFullMesh(adapter, device);
+        ctx->connectFullMesh(adapter, device_);
       } catch (...) {
         rethrow_translated(
             "gloo set-up of rank " + std::to_string(rank_) + "/" + std::to_string(size_),
@@ -636,14 +641,19 @@ class GlooBackend : public Backend {
     } catch (...) {
       rethrow_translated(description, op.timeout, *closed_);
     }
-    auto work =
-        std::make_shared<P2pWork>(std::move(buffer), is_send, op.timeout, description, closed_);
+    auto work = std::make_shared<P2pWork>(device_, std::move(buffer), is_send, op.timeout,
+                                          description, closed_);
     if (!async) work->wait();
     return work;
   }
 
   const int rank_;
   const int size_;
+  // Before context_, so destroyed after it: gloo's tcp context lets go of
+  // its device before its pairs unregister from the device's loop, and when
+  // that was the last reference (another thread's group went at the same
+  // time) the pairs used a freed loop.
+  std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::shared_ptr<CloseReason> closed_ = std::make_shared<CloseReason>();
   std::mutex mutex_;
