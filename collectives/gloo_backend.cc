@@ -15,6 +15,7 @@
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -181,6 +182,81 @@ class CloseReason {
   std::mutex mutex_;
   std::string why_;
 };
+
+// What a collective call is, as its peers check it: 32 bytes, all-gathered
+// before the call moves any data. Fields an op does not use are zero.
+struct Signature {
+  uint32_t magic = 0x31474953;  // "SIG1": layout version
+  uint32_t sequence = 0;        // the call's place in the group's order (its tag)
+  uint8_t type = 0;             // OpType
+  uint8_t dtype = 0;            // DataType
+  uint8_t reduce = 0;           // ReduceOp + 1 for reductions, else 0
+  uint8_t has_root = 0;
+  int32_t root = 0;
+  uint64_t count = 0;
+  uint64_t reserved = 0;
+
+  bool operator==(const Signature& o) const {
+    return std::memcmp(this, &o, sizeof(Signature)) == 0;
+  }
+};
+static_assert(sizeof(Signature) == 32, "the signature is 32 bytes on every rank");
+
+// The buffer whose count and type every rank must agree on: the per-rank
+// side of the op (input of gathers, output of scatters, the buffer of
+// in-place ops), the one every rank passes.
+const Buffer* agreed_buffer(const Op& op) {
+  switch (op.type) {
+    case OpType::kAllGather:
+    case OpType::kGather:
+    case OpType::kAllToAll:
+    case OpType::kSend:
+      return &op.input;
+    case OpType::kBarrier:
+      return nullptr;
+    default:
+      return &op.output;
+  }
+}
+
+Signature signature_of(const Op& op, uint32_t tag) {
+  Signature s;
+  s.sequence = tag;
+  s.type = static_cast<uint8_t>(op.type);
+  if (const Buffer* b = agreed_buffer(op)) {
+    s.dtype = static_cast<uint8_t>(b->dtype);
+    s.count = b->count;
+  }
+  if (op.type == OpType::kAllReduce || op.type == OpType::kReduce ||
+      op.type == OpType::kReduceScatter) {
+    s.reduce = static_cast<uint8_t>(static_cast<int>(op.reduce) + 1);
+  }
+  if (op.type == OpType::kBroadcast || op.type == OpType::kReduce || op.type == OpType::kGather ||
+      op.type == OpType::kScatter) {
+    s.has_root = 1;
+    s.root = op.peer;
+  }
+  return s;
+}
+
+// "all_reduce of 4 float32 (sum)", "broadcast of 3 int64 with root 1".
+std::string describe(const Signature& s) {
+  if (s.magic != Signature{}.magic || s.type > static_cast<uint8_t>(OpType::kRecv) ||
+      s.dtype > static_cast<uint8_t>(DataType::kInt64) ||
+      s.reduce > static_cast<uint8_t>(ReduceOp::kAverage) + 1) {
+    return "a call this library version does not know";
+  }
+  const auto type = static_cast<OpType>(s.type);
+  std::string text = to_string(type);
+  if (type != OpType::kBarrier) {
+    text += std::string(" of ") + std::to_string(s.count) + " " +
+            to_string(static_cast<DataType>(s.dtype));
+  }
+  if (s.reduce != 0)
+    text += std::string(" (") + to_string(static_cast<ReduceOp>(s.reduce - 1)) + ")";
+  if (s.has_root) text += " with root " + std::to_string(s.root);
+  return text;
+}
 
 [[noreturn]] void rethrow_translated(const std::string& what, milliseconds timeout,
                                      CloseReason& closed) {
@@ -352,7 +428,8 @@ class P2pWork : public Work {
 
 class GlooBackend : public Backend {
  public:
-  explicit GlooBackend(const BackendContext& context) : rank_(context.rank), size_(context.size) {
+  explicit GlooBackend(const BackendContext& context)
+      : rank_(context.rank), size_(context.size), check_calls_(context.check_calls) {
     if (size_ > 1) {
       const auto deadline = Clock::now() + context.timeout;
       device_ = device_for(context.master_addr);
@@ -425,6 +502,10 @@ class GlooBackend : public Backend {
   }
 
  private:
+  // The slots of signature exchanges: gloo's collectives use prefixes 1-8
+  // (gloo/types.h), send and recv slots below 2^32.
+  static constexpr uint8_t kSignatureSlotPrefix = 0x63;
+
   struct Item {
     Op op;
     uint32_t tag;
@@ -469,6 +550,7 @@ class GlooBackend : public Backend {
       execute_alone(op);
       return;
     }
+    if (check_calls_) check_same_call(item);
     try {
       switch (element_size(op.type == OpType::kBarrier ? DataType::kUInt8
                            : op.input.data != nullptr  ? op.input.dtype
@@ -489,6 +571,60 @@ class GlooBackend : public Backend {
     } catch (...) {
       rethrow_translated(item.work->description(), op.timeout, *closed_);
     }
+  }
+
+  // Every rank sends the signature of its call to every other rank before
+  // any data moves (all sends and receives posted at once: one round trip,
+  // where gloo's ring all-gather takes size - 1); all see the same table, so
+  // all throw the same ConfigError, or none does, and the group stays in
+  // step either way.
+  void check_same_call(const Item& item) {
+    std::vector<Signature> all(static_cast<size_t>(size_));
+    all[static_cast<size_t>(rank_)] = signature_of(item.op, item.tag);
+    const Signature& mine = all[static_cast<size_t>(rank_)];
+    constexpr size_t kSize = sizeof(Signature);
+    try {
+      auto buffer = context_->createUnboundBuffer(all.data(), all.size() * kSize);
+      const uint64_t slot = gloo::Slot::build(kSignatureSlotPrefix, item.tag);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        buffer->recv(peer, slot, static_cast<size_t>(peer) * kSize, kSize);
+        buffer->send(peer, slot, static_cast<size_t>(rank_) * kSize, kSize);
+      }
+      for (int i = 1; i < size_; ++i) {
+        buffer->waitRecv(item.op.timeout);
+        buffer->waitSend(item.op.timeout);
+      }
+    } catch (...) {
+      rethrow_translated(item.work->description(), item.op.timeout, *closed_);
+    }
+    if (std::all_of(all.begin(), all.end(), [&](const Signature& s) { return s == mine; })) {
+      return;
+    }
+    // Ranks grouped by the call they made, in rank order.
+    std::vector<std::pair<std::string, std::vector<int>>> calls;
+    for (int r = 0; r < size_; ++r) {
+      const std::string call = describe(all[static_cast<size_t>(r)]);
+      auto it =
+          std::find_if(calls.begin(), calls.end(), [&](const auto& c) { return c.first == call; });
+      if (it == calls.end()) {
+        calls.push_back({call, {r}});
+      } else {
+        it->second.push_back(r);
+      }
+    }
+    std::string listed;
+    for (const auto& [call, ranks] : calls) {
+      std::string who;
+      for (int r : ranks) who += (who.empty() ? "" : ",") + std::to_string(r);
+      listed += std::string(listed.empty() ? "" : "; ") + (ranks.size() > 1 ? "ranks " : "rank ") +
+                who + ": " + call;
+    }
+    throw ConfigError(item.work->description() + ": the ranks' calls differ (collective " +
+                      std::to_string(item.tag) + " of this group, counted from 0): " + listed +
+                      ". Every rank must make the same collective calls in the same order, with "
+                      "the same count, data type, reduction and root; no data moved and the "
+                      "group is still usable");
   }
 
   // A group of one: every collective is a copy (or nothing).
@@ -649,6 +785,7 @@ class GlooBackend : public Backend {
 
   const int rank_;
   const int size_;
+  const bool check_calls_;
   // Before context_, so destroyed after it: gloo's tcp context lets go of
   // its device before its pairs unregister from the device's loop, and when
   // that was the last reference (another thread's group went at the same

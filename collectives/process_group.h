@@ -22,7 +22,10 @@
 //
 // Semantics are torch.distributed's: every rank of a group calls the same
 // collectives in the same order with matching counts; roots and peers are
-// ranks of the group.
+// ranks of the group. With gloo the ranks check that: before a collective
+// moves data they compare its op, count, data type, reduction and root, and
+// when these differ every rank throws the same ConfigError naming each rank's
+// call, and the group stays usable (InitOptions::check_calls turns it off).
 //
 // Threads: every method may be called from several threads at once,
 // new_group included. A collective takes its place in the group's order when
@@ -35,8 +38,9 @@
 // recv are not part of that order: they are matched by (peer, tag).
 //
 // Errors: ConfigError for a call that cannot be right (bad count, root,
-// average of integers, device the backend cannot use, missing environment);
-// TimeoutError and IoError from the network (see Work).
+// average of integers, device the backend cannot use, missing environment,
+// calls that differ across ranks); TimeoutError and IoError from the
+// network (see Work).
 
 #include <atomic>
 #include <chrono>
@@ -75,6 +79,11 @@ struct InitOptions {
   // A store to use instead of connecting to MASTER_ADDR:MASTER_PORT (tests,
   // embedders). It is used as is, then prefixed like the job's store.
   std::shared_ptr<store::Store> store;
+  // gloo: before a collective moves data, the ranks compare their calls (op,
+  // count, data type, reduction, root) and all throw ConfigError naming each
+  // rank's call when they differ; one extra exchange of 32 bytes per call.
+  // CTORCHRUN_DIST_CHECK_CALLS=0 turns it off (default on). Subgroups inherit it.
+  std::optional<bool> check_calls;  // CTORCHRUN_DIST_CHECK_CALLS
 };
 
 class ProcessGroup {

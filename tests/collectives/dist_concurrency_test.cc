@@ -1,6 +1,6 @@
-// libctorch_dist used from several threads of one rank, and Work handles of
-// send and recv that fail, time out or are dropped; ranks are threads
-// (tests/collectives/dist_thread_ranks.h). A binary of its own that needs
+// libctorch_dist used from several threads of one rank, Work handles of send
+// and recv that fail, time out or are dropped, and calls that differ across
+// ranks; ranks are threads (tests/collectives/dist_thread_ranks.h). A binary of its own that needs
 // only ctorchrun::dist, so that a sanitizer build can build just this one.
 
 #include <catch2/catch.hpp>
@@ -296,4 +296,56 @@ TEST_CASE("dist groups: new_group from several threads at once gives distinct gr
     CHECK(store->check({prefix + std::to_string(id) + "/arrived/1"}));
   }
   CHECK_FALSE(store->check({prefix + std::to_string(kThreads * kGroups) + "/ranks"}));
+}
+
+// The per-call check of the gloo backend: every rank sees every rank's call,
+// so all throw the same error, name each distinct call once, and stay in step.
+TEST_CASE("dist mismatch: three ranks with different broadcast roots all fail, naming each call",
+          "[net]") {
+  auto store = std::make_shared<ctorchrun::store::HashStore>();
+  std::string errors[3];
+  auto results = run_ranks({0, 1, 2}, [&](int rank, RankResult& out) {
+    auto pg = dist::init_process_group(options_for(rank, 3, store, milliseconds(5000)));
+    std::vector<float> v(4, static_cast<float>(rank));
+    try {
+      pg->broadcast(dist::make_buffer(v.data(), v.size()), rank == 1 ? 1 : 0);
+    } catch (const ctorchrun::ConfigError& e) {
+      errors[rank] = e.what();
+    }
+    // Nothing moved, and the group is still in step.
+    float x = 1;
+    pg->all_reduce(dist::make_buffer(&x, 1));
+    out.value = x + (v.back() == static_cast<float>(rank) ? 0 : 100);
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << results[r].error);
+    CHECK(results[r].error.empty());
+    CHECK(results[r].value == 3);
+    CHECK_THAT(errors[r], Catch::Contains("ranks 0,2: broadcast of 4 float32 with root 0; rank 1: "
+                                          "broadcast of 4 float32 with root 1"));
+  }
+}
+
+TEST_CASE("dist mismatch: with check_calls off the ranks do not compare their calls", "[net]") {
+  const bool check = GENERATE(true, false);
+  INFO("check_calls " << check);
+  auto store = std::make_shared<ctorchrun::store::HashStore>();
+  bool config_error[2] = {false, false};
+  auto results = run_ranks({0, 1}, [&](int rank, RankResult&) {
+    auto options = options_for(rank, 2, store, milliseconds(5000));
+    options.check_calls = check;
+    auto pg = dist::init_process_group(options);
+    // Same count and type, different reductions: gloo alone runs it.
+    std::vector<int64_t> v(4, rank + 1);
+    try {
+      pg->all_reduce(dist::make_buffer(v.data(), v.size()),
+                     rank == 0 ? dist::ReduceOp::kSum : dist::ReduceOp::kMax);
+    } catch (const ctorchrun::ConfigError&) {
+      config_error[rank] = true;
+    }
+  });
+  REQUIRE(results[0].error.empty());
+  REQUIRE(results[1].error.empty());
+  CHECK(config_error[0] == check);
+  CHECK(config_error[1] == check);
 }
