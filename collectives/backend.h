@@ -64,6 +64,9 @@ struct BackendContext {
   Device device{};
   std::chrono::milliseconds timeout{0};  // bounds set-up as well
   std::string master_addr;               // chooses the interface when not told
+  // Peers compare each collective call's op, count, data type, reduction
+  // and root before data moves (InitOptions::check_calls).
+  bool check_calls = true;
 };
 
 class Backend {

@@ -15,6 +15,7 @@
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -25,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -155,10 +157,113 @@ std::string describe(const Op& op, int rank, int size) {
   return text;
 }
 
-[[noreturn]] void rethrow_translated(const std::string& what, milliseconds timeout) {
+// Why this process closed the group's connections itself, if it did (a
+// dropped send or recv), so that the ops failing afterwards say so instead of
+// gloo's "Application timeout caused pair closure".
+class CloseReason {
+ public:
+  // Records `why` unless a reason is there already; true if it was recorded.
+  bool set(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!why_.empty()) return false;
+    why_ = why;
+    return true;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    why_.clear();
+  }
+  std::string get() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return why_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::string why_;
+};
+
+// What a collective call is, as its peers check it: 32 bytes, all-gathered
+// before the call moves any data. Fields an op does not use are zero.
+struct Signature {
+  uint32_t magic = 0x31474953;  // "SIG1": layout version
+  uint32_t sequence = 0;        // the call's place in the group's order (its tag)
+  uint8_t type = 0;             // OpType
+  uint8_t dtype = 0;            // DataType
+  uint8_t reduce = 0;           // ReduceOp + 1 for reductions, else 0
+  uint8_t has_root = 0;
+  int32_t root = 0;
+  uint64_t count = 0;
+  uint64_t reserved = 0;
+
+  bool operator==(const Signature& o) const {
+    return std::memcmp(this, &o, sizeof(Signature)) == 0;
+  }
+};
+static_assert(sizeof(Signature) == 32, "the signature is 32 bytes on every rank");
+
+// The buffer whose count and type every rank must agree on: the per-rank
+// side of the op (input of gathers, output of scatters, the buffer of
+// in-place ops), the one every rank passes.
+const Buffer* agreed_buffer(const Op& op) {
+  switch (op.type) {
+    case OpType::kAllGather:
+    case OpType::kGather:
+    case OpType::kAllToAll:
+    case OpType::kSend:
+      return &op.input;
+    case OpType::kBarrier:
+      return nullptr;
+    default:
+      return &op.output;
+  }
+}
+
+Signature signature_of(const Op& op, uint32_t tag) {
+  Signature s;
+  s.sequence = tag;
+  s.type = static_cast<uint8_t>(op.type);
+  if (const Buffer* b = agreed_buffer(op)) {
+    s.dtype = static_cast<uint8_t>(b->dtype);
+    s.count = b->count;
+  }
+  if (op.type == OpType::kAllReduce || op.type == OpType::kReduce ||
+      op.type == OpType::kReduceScatter) {
+    s.reduce = static_cast<uint8_t>(static_cast<int>(op.reduce) + 1);
+  }
+  if (op.type == OpType::kBroadcast || op.type == OpType::kReduce || op.type == OpType::kGather ||
+      op.type == OpType::kScatter) {
+    s.has_root = 1;
+    s.root = op.peer;
+  }
+  return s;
+}
+
+// "all_reduce of 4 float32 (sum)", "broadcast of 3 int64 with root 1".
+std::string describe(const Signature& s) {
+  if (s.magic != Signature{}.magic || s.type > static_cast<uint8_t>(OpType::kRecv) ||
+      s.dtype > static_cast<uint8_t>(DataType::kInt64) ||
+      s.reduce > static_cast<uint8_t>(ReduceOp::kAverage) + 1) {
+    return "a call this library version does not know";
+  }
+  const auto type = static_cast<OpType>(s.type);
+  std::string text = to_string(type);
+  if (type != OpType::kBarrier) {
+    text += std::string(" of ") + std::to_string(s.count) + " " +
+            to_string(static_cast<DataType>(s.dtype));
+  }
+  if (s.reduce != 0)
+    text += std::string(" (") + to_string(static_cast<ReduceOp>(s.reduce - 1)) + ")";
+  if (s.has_root) text += " with root " + std::to_string(s.root);
+  return text;
+}
+
+[[noreturn]] void rethrow_translated(const std::string& what, milliseconds timeout,
+                                     CloseReason& closed) {
+  const std::string reason = closed.get();
   const std::string hint =
-      "; a peer died, hung or was restarted; this group is unusable, exit so the launcher can "
-      "restart the job";
+      (reason.empty() ? "; a peer died, hung or was restarted" : "; " + reason) +
+      "; this group is unusable, exit so the launcher can restart the job";
   try {
     throw;
   } catch (const ctorchrun::Error&) {
@@ -173,86 +278,170 @@ std::string describe(const Op& op, int rank, int size) {
   }
 }
 
+// Calls `fire` at `at` from a thread of its own, unless destroyed first.
+class Alarm {
+ public:
+  Alarm(Clock::time_point at, std::function<void()> fire)
+      : thread_([this, at, fire = std::move(fire)] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!cv_.wait_until(lock, at, [&] { return cancelled_; })) fire();
+        }) {}
+  ~Alarm() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cancelled_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Alarm(const Alarm&) = delete;
+  Alarm& operator=(const Alarm&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool cancelled_ = false;
+  std::thread thread_;  // last: starts once the members it uses exist
+};
+
 // send/recv: posted on the caller's thread; gloo completes them on its loop.
+//
+// gloo's own wait timeout closes every connection of the group, so it is
+// given the op's deadline only; a Work::wait(timeout) that ends earlier
+// interrupts gloo's wait from an Alarm (abortWaitSend/Recv), which leaves
+// the operation posted. gloo cannot take one posted operation back either:
+// dropping the Work of an unfinished one closes the group's connections at
+// once (what the op's timeout would do later), so that gloo's loop never
+// touches the caller's buffer afterwards.
 class P2pWork : public Work {
  public:
-  P2pWork(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
-          milliseconds timeout, std::string description)
-      : buffer_(std::move(buffer)),
+  P2pWork(std::shared_ptr<gloo::transport::Device> device,
+          std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
+          milliseconds timeout, std::string description, std::shared_ptr<CloseReason> closed)
+      : device_(std::move(device)),
+        buffer_(std::move(buffer)),
         is_send_(is_send),
         deadline_(Clock::now() + timeout),
         timeout_(timeout),
-        description_(std::move(description)) {}
+        description_(std::move(description)),
+        closed_(std::move(closed)) {}
 
-  // gloo's loop holds a raw pointer to the buffer until the operation ends.
   ~P2pWork() override {
+    // Nobody else can be waiting: a waiter holds a reference.
+    if (done_) return;
+    const bool mine = closed_->set("the group was closed when the Work of an unfinished " +
+                                   description_ + " was dropped (gloo cannot cancel it)");
     try {
-      wait();
-    } catch (const std::exception&) {
-      // The failure was reported by wait() when the owner cared to wait.
+      // gloo's wait timing out closes every connection of the group.
+      if (gloo_wait(milliseconds(1)) && mine) closed_->clear();  // it had just completed
+    } catch (const std::exception& e) {
+      // An earlier failure (the peer's) closed it already: not ours to explain.
+      if (mine && std::string(e.what()).find("Timed out waiting") == std::string::npos) {
+        closed_->clear();
+      }
     }
   }
 
-  void wait() override { wait_until(deadline_, false); }
-  void wait(milliseconds timeout) override {
-    wait_until(std::min(deadline_, Clock::now() + timeout), true);
-  }
+  void wait() override { wait_until(deadline_, timeout_); }
+  void wait(milliseconds timeout) override { wait_until(Clock::now() + timeout, timeout); }
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(mutex_);
     return done_;
   }
 
  private:
-  void wait_until(Clock::time_point until, bool caller_bound) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!done_) {
+  // True when the operation completed, false when abort_wait() interrupted
+  // the wait; throws gloo's exception when it failed or timed out.
+  bool gloo_wait(milliseconds timeout) {
+    return is_send_ ? buffer_->waitSend(nullptr, timeout) : buffer_->waitRecv(nullptr, timeout);
+  }
+  void abort_wait() {
+    if (is_send_) {
+      buffer_->abortWaitSend();
+    } else {
+      buffer_->abortWaitRecv();
+    }
+  }
+
+  [[noreturn]] void still_running(milliseconds timeout) const {
+    throw TimeoutError(description_ + " did not complete within " +
+                       std::to_string(timeout.count()) +
+                       " ms (Work::wait timeout); it is still running");
+  }
+
+  // One thread at a time waits in gloo; the others follow it on cv_ and
+  // take over if it leaves first (its own wait timed out).
+  void wait_until(Clock::time_point until, milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!done_) {
+      if (waiting_) {
+        if (!cv_.wait_until(lock, until, [&] { return done_ || !waiting_; })) {
+          still_running(timeout);
+        }
+        continue;
+      }
+      waiting_ = true;
+      lock.unlock();
+      bool completed = false;
+      std::exception_ptr error;
       try {
-        if (is_send_) {
-          buffer_->waitSend(remaining(until));
+        if (until >= deadline_) {
+          completed = gloo_wait(remaining(deadline_));
         } else {
-          buffer_->waitRecv(remaining(until));
+          Alarm alarm(until, [this] { abort_wait(); });
+          completed = gloo_wait(remaining(deadline_));
         }
-        done_ = true;
       } catch (...) {
-        if (caller_bound && Clock::now() < deadline_) {
-          throw TimeoutError(description_ + " did not complete within the Work::wait timeout");
-        }
-        done_ = true;
         try {
-          rethrow_translated(description_, timeout_);
+          rethrow_translated(description_, timeout_, *closed_);
         } catch (...) {
-          error_ = std::current_exception();
+          error = std::current_exception();
         }
       }
+      lock.lock();
+      waiting_ = false;
+      if (completed || error) {
+        done_ = true;
+        error_ = error;
+      }
+      cv_.notify_all();
+      if (!done_) still_running(timeout);
     }
     if (error_) std::rethrow_exception(error_);
   }
 
+  // The buffer holds the tcp context, which may outlive the backend: the
+  // device must outlive both (see GlooBackend::device_).
+  std::shared_ptr<gloo::transport::Device> device_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
   bool is_send_;
   Clock::time_point deadline_;
   milliseconds timeout_;
   std::string description_;
+  std::shared_ptr<CloseReason> closed_;
   std::mutex mutex_;
+  std::condition_variable cv_;
+  bool waiting_ = false;  // a thread is in gloo_wait
   bool done_ = false;
   std::exception_ptr error_;
 };
 
 class GlooBackend : public Backend {
  public:
-  explicit GlooBackend(const BackendContext& context) : rank_(context.rank), size_(context.size) {
+  explicit GlooBackend(const BackendContext& context)
+      : rank_(context.rank), size_(context.size), check_calls_(context.check_calls) {
     if (size_ > 1) {
       const auto deadline = Clock::now() + context.timeout;
-      auto device = device_for(context.master_addr);
+      device_ = device_for(context.master_addr);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
       ctx->setTimeout(context.timeout);
       StoreAdapter adapter(context.store, deadline);
       try {
-        ctx->connectFullMesh(adapter, device);
+        ctx->connectFullMesh(adapter, device_);
       } catch (...) {
         rethrow_translated(
             "gloo set-up of rank " + std::to_string(rank_) + "/" + std::to_string(size_),
-            context.timeout);
+            context.timeout, *closed_);
       }
       context_ = std::move(ctx);
     }
@@ -274,16 +463,27 @@ class GlooBackend : public Backend {
     if (op.type == OpType::kSend || op.type == OpType::kRecv) return post_p2p(op, async);
     auto work = std::make_shared<PromiseWork>(describe(op, rank_, size_));
     std::unique_lock<std::mutex> lock(mutex_);
-    Item item{op, next_tag_++, work};
+    // The tag is this call's place in the group's order: calls run in tag
+    // order, blocking or not, so that every rank runs tag n as its n-th.
+    const uint32_t tag = next_tag_++;
+    queue_.push_back(Item{op, tag, work, !async});
     if (async) {
-      queue_.push_back(std::move(item));
       lock.unlock();
       cv_.notify_all();
       return work;
     }
-    // Blocking: run on this thread once everything started before is done,
+    // Blocking: run on this thread once everything queued before it is done,
     // saving the hand-off to the worker thread (a few microseconds a call).
-    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    cv_.wait(lock, [&] {
+      return stopping_ || (!busy_ && !queue_.empty() && queue_.front().work == work);
+    });
+    if (stopping_) {
+      lock.unlock();
+      work->wait();  // the worker fails it: the group is being destroyed
+      return work;
+    }
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
     busy_ = true;
     lock.unlock();
     std::exception_ptr error;
@@ -296,22 +496,29 @@ class GlooBackend : public Backend {
     busy_ = false;
     lock.unlock();
     cv_.notify_all();
+    work->finish(error);
     if (error) std::rethrow_exception(error);
-    work->finish(nullptr);
     return work;
   }
 
  private:
+  // The slots of signature exchanges: gloo's collectives use prefixes 1-8
+  // (gloo/types.h), send and recv slots below 2^32.
+  static constexpr uint8_t kSignatureSlotPrefix = 0x63;
+
   struct Item {
     Op op;
     uint32_t tag;
     std::shared_ptr<PromiseWork> work;
+    bool caller_runs;  // a blocking call: its own thread runs it
   };
 
   void work_loop() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
+      cv_.wait(lock, [&] {
+        return stopping_ || (!queue_.empty() && !busy_ && !queue_.front().caller_runs);
+      });
       if (stopping_) {
         for (auto& item : queue_) {
           item.work->finish(std::make_exception_ptr(
@@ -343,6 +550,7 @@ class GlooBackend : public Backend {
       execute_alone(op);
       return;
     }
+    if (check_calls_) check_same_call(item);
     try {
       switch (element_size(op.type == OpType::kBarrier ? DataType::kUInt8
                            : op.input.data != nullptr  ? op.input.dtype
@@ -361,8 +569,62 @@ class GlooBackend : public Backend {
           break;
       }
     } catch (...) {
-      rethrow_translated(item.work->description(), op.timeout);
+      rethrow_translated(item.work->description(), op.timeout, *closed_);
     }
+  }
+
+  // Every rank sends the signature of its call to every other rank before
+  // any data moves (all sends and receives posted at once: one round trip,
+  // where gloo's ring all-gather takes size - 1); all see the same table, so
+  // all throw the same ConfigError, or none does, and the group stays in
+  // step either way.
+  void check_same_call(const Item& item) {
+    std::vector<Signature> all(static_cast<size_t>(size_));
+    all[static_cast<size_t>(rank_)] = signature_of(item.op, item.tag);
+    const Signature& mine = all[static_cast<size_t>(rank_)];
+    constexpr size_t kSize = sizeof(Signature);
+    try {
+      auto buffer = context_->createUnboundBuffer(all.data(), all.size() * kSize);
+      const uint64_t slot = gloo::Slot::build(kSignatureSlotPrefix, item.tag);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        buffer->recv(peer, slot, static_cast<size_t>(peer) * kSize, kSize);
+        buffer->send(peer, slot, static_cast<size_t>(rank_) * kSize, kSize);
+      }
+      for (int i = 1; i < size_; ++i) {
+        buffer->waitRecv(item.op.timeout);
+        buffer->waitSend(item.op.timeout);
+      }
+    } catch (...) {
+      rethrow_translated(item.work->description(), item.op.timeout, *closed_);
+    }
+    if (std::all_of(all.begin(), all.end(), [&](const Signature& s) { return s == mine; })) {
+      return;
+    }
+    // Ranks grouped by the call they made, in rank order.
+    std::vector<std::pair<std::string, std::vector<int>>> calls;
+    for (int r = 0; r < size_; ++r) {
+      const std::string call = describe(all[static_cast<size_t>(r)]);
+      auto it =
+          std::find_if(calls.begin(), calls.end(), [&](const auto& c) { return c.first == call; });
+      if (it == calls.end()) {
+        calls.push_back({call, {r}});
+      } else {
+        it->second.push_back(r);
+      }
+    }
+    std::string listed;
+    for (const auto& [call, ranks] : calls) {
+      std::string who;
+      for (int r : ranks) who += (who.empty() ? "" : ",") + std::to_string(r);
+      listed += std::string(listed.empty() ? "" : "; ") + (ranks.size() > 1 ? "ranks " : "rank ") +
+                who + ": " + call;
+    }
+    throw ConfigError(item.work->description() + ": the ranks' calls differ (collective " +
+                      std::to_string(item.tag) + " of this group, counted from 0): " + listed +
+                      ". Every rank must make the same collective calls in the same order, with "
+                      "the same count, data type, reduction and root; no data moved and the "
+                      "group is still usable");
   }
 
   // A group of one: every collective is a copy (or nothing).
@@ -513,16 +775,24 @@ class GlooBackend : public Backend {
         buffer->recv(op.peer, slot);
       }
     } catch (...) {
-      rethrow_translated(description, op.timeout);
+      rethrow_translated(description, op.timeout, *closed_);
     }
-    auto work = std::make_shared<P2pWork>(std::move(buffer), is_send, op.timeout, description);
+    auto work = std::make_shared<P2pWork>(device_, std::move(buffer), is_send, op.timeout,
+                                          description, closed_);
     if (!async) work->wait();
     return work;
   }
 
   const int rank_;
   const int size_;
+  const bool check_calls_;
+  // Before context_, so destroyed after it: gloo's tcp context lets go of
+  // its device before its pairs unregister from the device's loop, and when
+  // that was the last reference (another thread's group went at the same
+  // time) the pairs used a freed loop.
+  std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<CloseReason> closed_ = std::make_shared<CloseReason>();
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;

@@ -120,6 +120,16 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const milliseconds timeout = options.backend == "nccl" && options.timeout == kDefaultTimeout
                                    ? kDefaultNcclTimeout
                                    : options.timeout;
+  bool check_calls = true;
+  if (options.check_calls) {
+    check_calls = *options.check_calls;
+  } else if (auto text = env("CTORCHRUN_DIST_CHECK_CALLS")) {
+    if (*text != "0" && *text != "1") {
+      throw ConfigError("init_process_group: CTORCHRUN_DIST_CHECK_CALLS='" + *text +
+                        "' must be 0 (off) or 1 (on)");
+    }
+    check_calls = *text == "1";
+  }
   const auto deadline = Clock::now() + timeout;
   ignore_default_sigpipe();
 
@@ -180,6 +190,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   context.timeout =
       std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
   context.master_addr = master_addr;
+  context.check_calls = check_calls;
   auto backend = create_backend(options.backend, context);
   context.timeout = timeout;
   std::vector<int> global(static_cast<size_t>(world));
@@ -192,7 +203,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks,
                                                       milliseconds timeout) {
-  const int id = next_group_++;
+  const int id = next_group_.fetch_add(1);
   std::set<int> seen;
   for (int r : ranks) {
     if (r < 0 || r >= size() || !seen.insert(r).second) {

@@ -22,14 +22,27 @@
 //
 // Semantics are torch.distributed's: every rank of a group calls the same
 // collectives in the same order with matching counts; roots and peers are
-// ranks of the group. Thread safety: a ProcessGroup may be used from several
-// threads, but collectives must then still be issued in the same order on
-// every rank.
+// ranks of the group. With gloo the ranks check that: before a collective
+// moves data they compare its op, count, data type, reduction and root, and
+// when these differ every rank throws the same ConfigError naming each rank's
+// call, and the group stays usable (InitOptions::check_calls turns it off).
+//
+// Threads: every method may be called from several threads at once,
+// new_group included. A collective takes its place in the group's order when
+// it is called, blocking or _async alike, and runs in that place on every
+// rank: the n-th collective call of one rank meets the n-th of every other.
+// Which of two calls made at the same moment by two threads comes first is
+// undefined, as in torch, so threads that share a group must either make
+// calls that may meet in any pairing (identical ones) or order their calls
+// themselves; a group per thread (new_group) is the simple way. send and
+// recv are not part of that order: they are matched by (peer, tag).
 //
 // Errors: ConfigError for a call that cannot be right (bad count, root,
-// average of integers, device the backend cannot use, missing environment);
-// TimeoutError and IoError from the network (see Work).
+// average of integers, device the backend cannot use, missing environment,
+// calls that differ across ranks); TimeoutError and IoError from the
+// network (see Work).
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -66,6 +79,11 @@ struct InitOptions {
   // A store to use instead of connecting to MASTER_ADDR:MASTER_PORT (tests,
   // embedders). It is used as is, then prefixed like the job's store.
   std::shared_ptr<store::Store> store;
+  // gloo: before a collective moves data, the ranks compare their calls (op,
+  // count, data type, reduction, root) and all throw ConfigError naming each
+  // rank's call when they differ; one extra exchange of 32 bytes per call.
+  // CTORCHRUN_DIST_CHECK_CALLS=0 turns it off (default on). Subgroups inherit it.
+  std::optional<bool> check_calls;  // CTORCHRUN_DIST_CHECK_CALLS
 };
 
 class ProcessGroup {
@@ -167,7 +185,7 @@ class ProcessGroup {
   std::shared_ptr<store::Store> root_store_;
   std::vector<int> global_ranks_;
   std::shared_ptr<void> keep_alive_;  // a store server this process hosts
-  int next_group_ = 0;
+  std::atomic<int> next_group_{0};    // new_group may be called from several threads
 };
 
 // Builds the default group from the environment (see the top of this file).

@@ -9,7 +9,16 @@
 // until it completes or its own timeout ends it, so the buffers must stay
 // alive until wait() returns normally or the group is destroyed.
 //
-// Thread safety: wait() and is_completed() may be called from any thread.
+// The same holds for send and recv, with one more rule on gloo: it cannot
+// take back one posted send or recv, so dropping the last handle of one that
+// has not completed cancels it by closing the group's connections, at once
+// (the op's own timeout would do the same later); every later call on that
+// group, on every rank, then fails with an IoError that says why. Wait for a
+// send or recv before dropping its Work. Their is_completed() turns true once
+// a wait() has seen the completion.
+//
+// Thread safety: wait() and is_completed() may be called from any thread,
+// several at once; a wait(timeout) is not held up by another thread's wait.
 
 #include <chrono>
 #include <condition_variable>

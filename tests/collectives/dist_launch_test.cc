@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <csignal>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -108,6 +110,49 @@ void peer_failure(const std::string& how, int timeout_ms, long bound_ms) {
 }
 
 }  // namespace
+
+namespace {
+
+// Two ranks in processes of their own (gloo used to abort the process on
+// some mismatches) call all_reduce with different arguments: both must get
+// a ConfigError naming both calls, and the group must stay usable.
+void mismatch(const std::string& kind, const std::string& call0, const std::string& call1) {
+  INFO(kind);
+  Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
+  const int port = wait_for_listening_port(store, seconds(10));
+  REQUIRE(port > 0);
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<Process>(
+        std::vector<std::string>{CTORCHRUN_DIST_WORKER, "mismatch", kind, "5000"},
+        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                           {"WORLD_SIZE", "2"},
+                                           {"LOCAL_RANK", std::to_string(r)},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", std::to_string(port)},
+                                           {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                           {"TORCHELASTIC_RESTART_COUNT", "0"}}));
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::string out = ranks[r]->read_all(seconds(60));
+    INFO("rank " << r << ": " << out);
+    const std::string rank = std::to_string(r);
+    CHECK_THAT(out, Catch::Contains("mismatch " + rank + ": ConfigError: ") &&
+                        Catch::Contains("rank 0: " + call0) && Catch::Contains("rank 1: " + call1));
+    CHECK_THAT(out, Catch::Contains("after " + rank + ": ok"));
+    CHECK(ranks[r]->exit_code(seconds(10)) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dist mismatch: all_reduces that differ across ranks fail on both, naming both calls",
+          "[multiproc]") {
+  mismatch("count", "all_reduce of 4 float32 (sum)", "all_reduce of 3 float32 (sum)");
+  mismatch("dtype", "all_reduce of 4 float32 (sum)", "all_reduce of 4 int32 (sum)");
+  mismatch("op", "all_reduce of 4 float32 (sum)", "all_reduce of 4 float32 (max)");
+  mismatch("large", "all_reduce of 1000 float32 (sum)", "all_reduce of 500 float32 (sum)");
+}
 
 TEST_CASE("dist peers: a rank killed mid-collective makes the others fail at once", "[multiproc]") {
   // The group timeout is long; the survivors must not need it.

@@ -11,6 +11,12 @@
 //     all ranks all-reduce 4 MiB in a loop; on the third round rank VICTIM
 //     starts the all-reduce and then SIGKILLs or SIGSTOPs itself. The others
 //     print "survivor R failed after MS ms: WHAT" and exit 7.
+//   dist_test_worker mismatch KIND TIMEOUT_MS
+//     two ranks all-reduce with arguments that differ by KIND: count (4 vs 3
+//     float32), dtype (float32 vs int32), op (sum vs max), large (1000 vs 500
+//     float32). Each rank prints "mismatch R: OUTCOME" (the error's type and
+//     text, or what it got), then all-reduces once more, alike on both, and
+//     prints "after R: ok" or what went wrong. Exit 0.
 
 #include <signal.h>
 #include <unistd.h>
@@ -376,6 +382,43 @@ int peer_death(int victim, const std::string& how, int timeout_ms) {
   }
 }
 
+int mismatch(const std::string& kind, int timeout_ms) {
+  dist::InitOptions options;
+  options.timeout = std::chrono::milliseconds(timeout_ms);
+  auto pg = dist::init_process_group(options);
+  const int rank = pg->rank();
+  std::vector<float> floats(1000, 1.0f);
+  std::vector<int32_t> ints(4, 1);
+  dist::Buffer buffer = dist::make_buffer(floats.data(), 4);
+  ReduceOp op = ReduceOp::kSum;
+  if (kind == "count" && rank == 1) buffer.count = 3;
+  if (kind == "dtype" && rank == 1) buffer = dist::make_buffer(ints.data(), ints.size());
+  if (kind == "op" && rank == 1) op = ReduceOp::kMax;
+  if (kind == "large") buffer.count = rank == 0 ? 1000 : 500;
+  std::string outcome;
+  try {
+    pg->all_reduce(buffer, op);
+    outcome = "no error, got " + std::to_string(kind == "dtype" && rank == 1 ? ints[0] : floats[0]);
+  } catch (const ctorchrun::ConfigError& e) {
+    outcome = std::string("ConfigError: ") + e.what();
+  } catch (const ctorchrun::TimeoutError& e) {
+    outcome = std::string("TimeoutError: ") + e.what();
+  } catch (const std::exception& e) {
+    outcome = std::string("other error: ") + e.what();
+  }
+  std::cout << "mismatch " << rank << ": " << outcome << std::endl;
+  std::string after = "ok";
+  try {
+    float x = 1;
+    pg->all_reduce(dist::make_buffer(&x, 1));
+    if (x != static_cast<float>(pg->size())) after = "wrong sum " + std::to_string(x);
+  } catch (const std::exception& e) {
+    after = std::string("failed: ") + e.what();
+  }
+  std::cout << "after " << rank << ": " << after << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -385,10 +428,12 @@ int main(int argc, char** argv) {
     if (mode == "peer-death" && argc == 5) {
       return peer_death(std::atoi(argv[2]), argv[3], std::atoi(argv[4]));
     }
+    if (mode == "mismatch" && argc == 4) return mismatch(argv[2], std::atoi(argv[3]));
   } catch (const std::exception& e) {
     std::cerr << "dist_test_worker: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: dist_test_worker matrix | peer-death VICTIM kill|stop TIMEOUT_MS\n";
+  std::cerr << "usage: dist_test_worker matrix | peer-death VICTIM kill|stop TIMEOUT_MS | "
+               "mismatch count|dtype|op|large TIMEOUT_MS\n";
   return 2;
 }

@@ -1,68 +1,22 @@
-// libctorch_dist with threads as ranks over loopback gloo and one in-process
-// store (gloo's BaseTest pattern). Worker threads record; the test thread asserts.
+// libctorch_dist with threads as ranks (tests/collectives/dist_thread_ranks.h):
+// set-up timeouts, a first exchange, Work::wait bounds.
 
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <exception>
-#include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "collectives/process_group.h"
 #include "common/error.h"
 #include "store/hash_store.h"
+#include "tests/collectives/dist_thread_ranks.h"
 
 namespace dist = ctorchrun::dist;
 using std::chrono::milliseconds;
 
-namespace {
-
-struct RankResult {
-  std::string error;  // empty: no exception
-  bool timeout_error = false;
-  double value = 0;
-  long elapsed_ms = 0;
-};
-
-dist::InitOptions options_for(int rank, int world, std::shared_ptr<ctorchrun::store::Store> store,
-                              milliseconds timeout) {
-  dist::InitOptions options;
-  options.rank = rank;
-  options.world_size = world;
-  options.restart_count = 0;
-  options.master_addr = "127.0.0.1";
-  options.store = std::move(store);
-  options.timeout = timeout;
-  return options;
-}
-
-// Runs body(rank) on one thread per listed rank; returns what each recorded.
-std::vector<RankResult> run_ranks(const std::vector<int>& ranks,
-                                  const std::function<void(int, RankResult&)>& body) {
-  std::vector<RankResult> results(ranks.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    threads.emplace_back([&, i] {
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        body(ranks[i], results[i]);
-      } catch (const ctorchrun::TimeoutError& e) {
-        results[i].error = e.what();
-        results[i].timeout_error = true;
-      } catch (const std::exception& e) {
-        results[i].error = e.what();
-      }
-      results[i].elapsed_ms = static_cast<long>(
-          std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start)
-              .count());
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
-}  // namespace
+using dist::testing::options_for;
+using dist::testing::RankResult;
+using dist::testing::run_ranks;
 
 TEST_CASE("dist set-up: a timeout names the ranks that never arrived", "[net]") {
   auto store = std::make_shared<ctorchrun::store::HashStore>();

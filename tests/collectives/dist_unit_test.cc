@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -184,6 +185,22 @@ TEST_CASE("dist process group: unknown backends and CUDA devices on gloo are ref
   options.device = {};
   options.rank = 2;
   CHECK_THROWS_AS(dist::init_process_group(options), ctorchrun::ConfigError);
+}
+
+TEST_CASE("dist process group: CTORCHRUN_DIST_CHECK_CALLS must be 0 or 1", "[unit]") {
+  dist::InitOptions options;
+  options.rank = 0;
+  options.world_size = 1;
+  options.store = std::make_shared<ctorchrun::store::HashStore>();
+  ::setenv("CTORCHRUN_DIST_CHECK_CALLS", "yes", 1);
+  CHECK_THROWS_WITH(dist::init_process_group(options),
+                    Catch::Contains("CTORCHRUN_DIST_CHECK_CALLS='yes' must be 0 (off) or 1 (on)"));
+  options.check_calls = true;  // the option wins over the variable
+  CHECK_NOTHROW(dist::init_process_group(options));
+  options.check_calls.reset();
+  ::setenv("CTORCHRUN_DIST_CHECK_CALLS", "0", 1);
+  CHECK_NOTHROW(dist::init_process_group(options));
+  ::unsetenv("CTORCHRUN_DIST_CHECK_CALLS");
 }
 
 TEST_CASE("dist process group: keys live under /ctorch_dist/attempt_<k>/", "[unit]") {
