@@ -676,33 +676,41 @@ std::string C10dRoundWatch::present_key(int generation, int round, int group_ran
   return C10dState::round_key(generation, round, "present/" + std::to_string(group_rank));
 }
 
+bool C10dRoundWatch::lost(int g) {
+  return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix}) ||
+         (g < static_cast<int>(slots_.size()) &&
+          job_.check({key(round_, "node/" + slots_[static_cast<size_t>(g)]) +
+                      store::protocol::kGoneSuffix}));
+}
+
+MembershipChange C10dRoundWatch::gone_members(const std::vector<int>& left) {
+  std::vector<int> left_now, lost_now;
+  for (int g = 0; g < members_; ++g) {
+    if (g == me_) continue;
+    if (std::find(left.begin(), left.end(), g) != left.end()) {
+      left_now.push_back(g);
+    } else if (lost(g)) {
+      lost_now.push_back(g);
+    }
+  }
+  if (left_now.empty() && lost_now.empty()) return {};
+  return gone_change(left_now, lost_now);
+}
+
 std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   const std::string k = key(round_, "reform");
   if (job_.check({k})) return parse(job_.get(k));
+  std::vector<int> left;
   if (members_ > 1) {
     // Gone: it left on purpose (the round's left tally), its presence key
     // vanished with its agent, or its record did (an agent that died after
     // entering, before it could hold its presence).
-    const std::vector<int> left = left_members(job_, generation_, round_, members_);
+    left = left_members(job_, generation_, round_, members_);
     auto has_left = [&](int g) { return std::find(left.begin(), left.end(), g) != left.end(); };
-    auto lost = [&](int g) {
-      return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix}) ||
-             (g < static_cast<int>(slots_.size()) &&
-              job_.check({key(round_, "node/" + slots_[static_cast<size_t>(g)]) +
-                          store::protocol::kGoneSuffix}));
-    };
     const bool any_left = std::any_of(left.begin(), left.end(), [&](int g) { return g != me_; });
     if (any_left || lost((me_ + 1) % members_)) {
-      std::vector<int> left_now, lost_now;
-      for (int g = 0; g < members_; ++g) {
-        if (g == me_) continue;
-        if (has_left(g)) {
-          left_now.push_back(g);
-        } else if (lost(g)) {
-          lost_now.push_back(g);
-        }
-      }
-      if (!left_now.empty() || !lost_now.empty()) return reform(gone_change(left_now, lost_now));
+      MembershipChange change = gone_members(left);
+      if (!change.lost.empty()) return reform(change);
     }
     if (me_ != 0 && rank0_closed_ && rank0_closed_() && !has_left(0) &&
         job_.check({present_key(generation_, round_, 0)})) {
@@ -722,9 +730,27 @@ std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   if (job_.compare_set(key(round_, "gate/" + std::to_string(attempt)), "", "admit") != "admit") {
     return std::nullopt;
   }
-  MembershipChange admit;
-  admit.reason =
+  const std::string admitting =
       "admitting " + std::to_string(waiting) + " waiting node" + (waiting == 1 ? "" : "s");
+  // A member lost that this one does not watch may be what failed the
+  // workers: the re-formation names it, so that the failure is refunded
+  // (agent/restart_budget.h), and admits the waiting nodes all the same.
+  // Once per attempt and member (the gate is taken): one request when every
+  // other member's presence is there, one or two per member otherwise.
+  std::vector<std::string> present;
+  for (int g = 0; g < members_; ++g) {
+    if (g != me_) present.push_back(present_key(generation_, round_, g));
+  }
+  const bool any_left = std::any_of(left.begin(), left.end(), [&](int g) { return g != me_; });
+  if (members_ > 1 && (any_left || !job_.check(present))) {
+    MembershipChange change = gone_members(left);
+    if (!change.lost.empty()) {
+      change.reason += "; " + admitting;
+      return reform(change);
+    }
+  }
+  MembershipChange admit;
+  admit.reason = admitting;
   return reform(admit);
 }
 

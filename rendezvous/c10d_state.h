@@ -88,7 +88,11 @@
 //       round R has fewer than MAX
 //       members, last_call_timeout has passed since this member saw R complete
 //       (so at most one admission per last call), and it takes the attempt's
-//       gate before any member's workers finish;
+//       gate before any member's workers finish. It then looks at every
+//       member, not only the one it watches: a member lost or left is named
+//       in the reform (a re-formation that admits too), so that a failure
+//       the loss caused is refunded (agent/restart_budget.h), not charged to
+//       an admission;
 //     - every member gone: a node waiting in R+1 finds every member lost
 //       (its presence's, its record's or its done key's gone marker) or left
 //       (the left tally); it looks at one per poll and re-forms R itself;
@@ -300,7 +304,8 @@ class C10dState {
 };
 
 // Watches a running round for the need to re-form, from the agent's monitor
-// thread, on a store connection of its own. check() costs at most 3 requests.
+// thread, on a store connection of its own. check() costs 3 requests, more
+// when nodes wait (see Cost above).
 class C10dRoundWatch {
  public:
   using Clock = C10dState::Clock;
@@ -310,7 +315,8 @@ class C10dRoundWatch {
 
   // The reform of the round once set (by this node or another), after
   // setting it for an admission that is due or for members whose agents
-  // exited (their presence keys' gone markers, see present_key).
+  // exited (their presence keys' gone markers, see present_key). An
+  // admission names every member lost or left by then.
   std::optional<MembershipChange> check(int attempt);
   // Re-forms the round without change.lost (first writer wins; returns the
   // winner).
@@ -365,6 +371,11 @@ class C10dRoundWatch {
  private:
   std::string key(int round, const std::string& what) const;
   MembershipChange parse(const std::string& raw) const;
+  // Member g's agent exited: its presence's or its record's gone marker.
+  bool lost(int g);
+  // The members but this one that left (in `left`, the round's left tally)
+  // or were lost: the change naming them, or one naming none.
+  MembershipChange gone_members(const std::vector<int>& left);
   // Nodes waiting in the next round whose records are there now.
   int64_t live_waiters();
 

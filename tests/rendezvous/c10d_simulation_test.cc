@@ -64,9 +64,9 @@
 //    charged once every member reported its workers stopped for it, or when
 //    R gives way naming no lost member that had not reported (an admission
 //    names none); it is explained by a loss when R gives way naming a member
-//    lost before it reported (a failure a loss caused is charged when an
-//    admission re-formed R before any member noticed the loss: the sim
-//    counts those). A member owes the charged failures it took part in, and
+//    lost before it reported. A failure a loss caused that is charged is a
+//    violation (an admission that re-forms R names the members lost by
+//    then). A member owes the charged failures it took part in, and
 //    a round's members owe the most any of them owed as they entered it.
 //    The job's count lives in its members' records
 //    (C10dRound::attempt): a round formed by none of the members that
@@ -253,8 +253,8 @@ class Sim {
   int loss_failures_before = 0, loss_failures_after = 0;
   int refunds = 0;                 // failures an agent's budget refunded
   int charged = 0, explained = 0;  // the job's failures, as settled
-  // Caused by a loss, yet charged: the round gave way for an admission before
-  // any member noticed the loss.
+  // Caused by a loss, yet charged (a violation): the round gave way naming no
+  // member lost before it reported.
   int loss_charged = 0;
   int count_drops = 0;  // rounds formed by no carrier of the job's count: it starts lower
 
@@ -951,7 +951,12 @@ class Sim {
       f.settled = true;
       if (f.charged) {
         ++charged;
-        if (f.loss) ++loss_charged;
+        if (f.loss) {
+          ++loss_charged;
+          violate("the failure of attempt " + std::to_string(k) + " of round " + std::to_string(r) +
+                  ", caused by a loss, is charged: the round gave way naming no member lost "
+                  "before it reported");
+        }
         for (const auto& [id, incarnation] : f.participants) {
           auto& b = agents_[static_cast<size_t>(id)];
           if (b.live() && b.incarnation == incarnation) b.owed = std::max(b.owed, k + 1);
@@ -1170,9 +1175,9 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
             << " at once, before any watch noticed the loss, and " << loss_after
             << " members' as their watch noticed it; the job's failures settled: " << charged
             << " charged, " << explained << " explained by a loss (" << loss_charged
-            << " caused by a loss but charged: the round gave way for an admission first); "
-            << refunds << " refunds by the agents' budgets; " << count_drops
-            << " rounds formed with none of the members that carried the job's count" << std::endl;
+            << " caused by a loss but charged); " << refunds << " refunds by the agents' budgets; "
+            << count_drops << " rounds formed with none of the members that carried the job's count"
+            << std::endl;
   for (const auto& [kind, k] : kinds) {
     std::cout << k.first << " seeds: " << kind << "\n  first: " << k.second << "\n";
   }

@@ -926,3 +926,53 @@ TEST_CASE("node record: one shape on every backend, read back whole, a peer's ba
   CHECK(refused(R"({"host":")" + std::string(300, 'x') + R"(","pid":1,"local_world_size":1})")
             .find("255") != std::string::npos);
 }
+
+TEST_CASE(
+    "C10dRoundWatch: an admission made while a member it does not watch is lost names that "
+    "member and the failure the loss caused is not charged",
+    "[unit]") {
+  // Found by the rendezvous simulation (seed 9054 of 20000): member 0
+  // watches member 1's presence; member 2 died and its peers' workers
+  // failed, and member 0 took the admission gate first: the round gave way
+  // naming nobody lost and the failure was charged.
+  store::HashStore hs;
+  ManualClock clock;
+  std::vector<std::unique_ptr<Node>> n;
+  for (const char* h : {"a", "b", "c"}) {
+    n.push_back(std::make_unique<Node>(hs, clock, settings(3, 4), h, 5s));
+    n.back()->state.join();
+  }
+  n[0]->state.poll();
+  clock.advance(5s);
+  std::vector<C10dRound> r;
+  for (auto& x : n) {
+    auto got = x->state.poll();
+    REQUIRE(got);
+    r.push_back(*got);
+  }
+  for (auto& round : r) {
+    hs.set(C10dRoundWatch::present_key(0, 0, round.group_rank), "1");
+  }
+  C10dRoundWatch w0(hs, settings(3, 4), r[0], 5s, clock.fn());
+  Node late(hs, clock, settings(3, 4), "late", 5s);
+  late.state.join();
+  CHECK(late.state.waiting());
+  clock.advance(5s);
+  // Member 2's agent exits: its presence goes, the gone marker appears.
+  hs.delete_key(C10dRoundWatch::present_key(0, 0, 2));
+  hs.set(C10dRoundWatch::present_key(0, 0, 2) + "#gone", "1");
+  auto change = w0.check(0);
+  REQUIRE(change);
+  CHECK(change->lost == std::vector<int>{2});
+  CHECK(change->cause == "agent exited");
+  CHECK(change->reason == "lost node 2 (agent exited); admitting 1 waiting node");
+  // The admission still happens: the waiting node enters the next round
+  // with the members that come back.
+  n[0]->state.rejoin(r[0], 0, change->lost);
+  n[1]->state.rejoin(r[1], 0, change->lost);
+  std::optional<C10dRound> r1;
+  for (int i = 0; i < 10 && !r1; ++i, clock.advance(1s)) r1 = late.state.poll();
+  REQUIRE(r1);
+  CHECK(r1->nodes.size() == 3);
+  CHECK(r1->nodes[2].host == "late");
+}
