@@ -928,6 +928,114 @@ TEST_CASE("node record: one shape on every backend, read back whole, a peer's ba
 }
 
 TEST_CASE(
+    "C10dState: raise_count keeps a register that only grows, in one request when the belief "
+    "holds and idempotent when replayed",
+    "[unit]") {
+  store::HashStore hs;
+  CountingStore s(hs);
+  const std::string k = C10dState::count_key(0);
+  CHECK(k == "g0/rdzv/attempt");
+  CHECK(C10dState::read_count(s, k) == 0);  // missing reads 0
+  // Missing, believed missing: one compare_set creates it.
+  s.requests = 0;
+  CHECK(C10dState::raise_count(s, k, 2, 0) == 2);
+  CHECK(s.requests == 1);
+  CHECK(hs.get(k) == "2");
+  // The belief right: one request.
+  s.requests = 0;
+  CHECK(C10dState::raise_count(s, k, 3, 2) == 3);
+  CHECK(s.requests == 1);
+  // A replay of the same raise (its answer lost) finds it done, and so does
+  // a lower one: nothing moves back.
+  s.requests = 0;
+  CHECK(C10dState::raise_count(s, k, 3, 2) == 3);
+  CHECK(s.requests == 1);
+  CHECK(C10dState::raise_count(s, k, 1, 0) == 3);
+  CHECK(hs.get(k) == "3");
+  // The belief wrong: from the value found.
+  s.requests = 0;
+  CHECK(C10dState::raise_count(s, k, 5, 1) == 5);
+  CHECK(s.requests == 2);
+  CHECK(hs.get(k) == "5");
+  // Believed there, but missing: created.
+  const std::string r = C10dState::restarts_key(0, 4);
+  CHECK(r == "g0/r4/restarts");
+  CHECK(C10dState::raise_count(s, r, 1, 7) == 1);
+  CHECK(C10dState::read_count(s, r) == 1);
+  // The round's agents' namespace ("<job>/g<G>/r<R>", RendezvousInfo::store)
+  // and the job's name one key.
+  auto shared = std::make_shared<store::HashStore>();
+  store::PrefixStore job("ctorchrun/x", shared);
+  store::PrefixStore round("ctorchrun/x/g0/r4", shared);
+  C10dState::raise_count(round, C10dState::kRestartsKey, 2, 0);
+  CHECK(C10dState::read_count(job, r) == 2);
+  // A peer's garbage is a protocol error naming the key.
+  hs.set(k, "many");
+  try {
+    C10dState::raise_count(s, k, 6, 5);
+    FAIL("raised an unreadable count");
+  } catch (const ProtocolError& e) {
+    CHECK_THAT(e.what(), Catch::Contains(k));
+  }
+}
+
+TEST_CASE(
+    "C10dState: a round formed by newcomers alone takes the job's restart count from the store",
+    "[unit]") {
+  store::HashStore hs;
+  hs.set_timeout(100ms);
+  ManualClock clock;
+  Node a(hs, clock, settings(2, 3, 3), "a");
+  Node c(hs, clock, settings(2, 3, 3), "c");
+  a.state.join();
+  c.state.join();
+  a.state.poll();
+  clock.advance(1s);
+  auto r0 = a.state.poll();
+  REQUIRE(r0);
+  REQUIRE(c.state.poll());
+  CHECK(r0->attempt == 0);
+  // The members' agents exit: their presence keys' gone markers.
+  auto lose_members = [&] {
+    for (int g = 0; g < 2; ++g) hs.set(C10dRoundWatch::present_key(0, 0, g) + "#gone", "1");
+  };
+  SECTION("restarts within the round (agent.cc writes them in the round's namespace)") {
+    C10dState::raise_count(hs, C10dState::restarts_key(0, 0), 1, 0);
+    C10dState::raise_count(hs, C10dState::restarts_key(0, 0), 2, 1);
+    lose_members();
+  }
+  SECTION(
+      "a failure charged as the round gave way (a member raises the register as it comes "
+      "back)") {
+    C10dRoundWatch(hs, settings(2, 3, 3), *r0, 1s, clock.fn()).reform({"test", {}, ""});
+    a.state.rejoin(*r0, 2, {});
+    CHECK(hs.get(C10dState::count_key(0)) == "2");
+    // It dies before the next round forms (its record goes), and c never
+    // comes back.
+    hs.delete_key(C10dState::round_key(0, 1, "node/m0"));
+    lose_members();
+  }
+  // Newcomers form the next round (MIN 2) without them.
+  C10dState b(hs, settings(2, 3, 3), node("b"), timing(1s), clock.fn(), clock.wall_fn(), &hs);
+  C10dState d(hs, settings(2, 3, 3), node("d"), timing(1s), clock.fn(), clock.wall_fn(), &hs);
+  b.join();
+  d.join();
+  std::optional<C10dRound> r;
+  for (int i = 0; i < 10 && !r; ++i, clock.advance(1s)) r = b.poll();
+  REQUIRE(r);
+  CHECK(r->nodes.size() == 2);
+  CHECK(r->nodes[0].host == "b");
+  CHECK(r->attempt == 2);
+  CHECK(hs.get(C10dState::count_key(0)) == "2");
+  // The roster carries it: every reader agrees.
+  auto roster = nlohmann::json::parse(hs.get(C10dState::round_key(0, r->round, "complete")));
+  CHECK(roster.at("attempt") == 2);
+  auto rd = d.poll();
+  REQUIRE(rd);
+  CHECK(rd->attempt == 2);
+}
+
+TEST_CASE(
     "C10dRoundWatch: an admission made while a member it does not watch is lost names that "
     "member and the failure the loss caused is not charged",
     "[unit]") {
