@@ -1147,6 +1147,14 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
   sync_after_stop(k, verdict.final);
   if (!verdict.final) {
     const int next = budget_.on_restart();  // charged
+    if (elastic()) {
+      // The job's count in the store before the workers of attempt `next`
+      // start: a round formed by newcomers after this one takes it, even if
+      // none of this round's members is left (rendezvous/c10d_state.h).
+      // Expects what this round's last restart wrote (none yet: missing).
+      rendezvous::C10dState::raise_count(*info_.store, rendezvous::C10dState::kRestartsKey, next,
+                                         next - 1 > info_.attempt ? next - 1 : 0);
+    }
     log_->warn(
         "rank {} (local_rank {} on node {}) failed with {}; restarting the workers of every node "
         "(restart {}/{})",

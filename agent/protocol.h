@@ -40,9 +40,16 @@
 //                                 every backend (rendezvous/node_record.h)
 //   g<G>/rdzv/settings            {"nnodes": "MIN:MAX", "max_restarts": int,
 //                                 "entrypoint": str}   first writer wins
+//   g<G>/rdzv/attempt             decimal: the job's restart count, a
+//                                 register that only grows (compare_set from
+//                                 the value held: C10dState::raise_count)
+//   g<G>/r<R>/restarts            decimal: the count after a failure charged
+//                                 within round R, raised the same way by each
+//                                 member that restarts its workers there
 //   g<G>/rdzv/<R>/node/<slot>     node record + "attempt": int (the job's
 //                                 restart count the node carries)
-//   g<G>/rdzv/<R>/complete        {"members": [node record + "slot": str]},
+//   g<G>/rdzv/<R>/complete        {"members": [node record + "slot": str],
+//                                 "attempt": int (the round's count)},
 //                                 group-rank order; at most MAX members
 //   g<G>/rdzv/<R>/reform          {"reason": str, "lost": [group ranks],
 //                                 "cause": str}
@@ -148,9 +155,22 @@
 //       Elastic: the round giving way ends these waits. The failure is then
 //       refunded when the change names a member that is not in
 //       attempt/<k>/stopped (read after the change was seen), and the next
-//       round runs attempt k again; otherwise it is charged (k+1). Before the
-//       last attempt's failure ends the job, a node waits up to the liveness
-//       bound for such a loss. agent/restart_budget.h holds the rule.
+//       round runs attempt k again; otherwise it is charged (k+1). An
+//       admission names the members lost or left by then (the member that
+//       admits looks at every one), so a loss that failed the workers is not
+//       charged to it. Before the last attempt's failure ends the job, a node
+//       waits up to the liveness bound for such a loss.
+//       agent/restart_budget.h holds the rule.
+//       The job's count in the store, so that a round formed when none of
+//       the nodes that carried it is left goes on from it: each node that
+//       restarts after a charged failure raises restarts (its round's) to
+//       k+1 before the next attempt's workers start, one compare_set
+//       expecting what the round's last restart wrote (none: missing), more
+//       only when it finds another value; a node coming back from a round
+//       whose failure was charged as it gave way raises rdzv/attempt as it
+//       rejoins (C10dState); a round's builder folds both into the roster's
+//       "attempt" and rdzv/attempt. A raise is idempotent (a replay finds the
+//       value there, store/store.h); the register is read without waiting.
 
 #include <string>
 

@@ -33,10 +33,12 @@
 //  - on_round_gives_way(change, {}) while no failure is pending: the round
 //    re-forms while the workers run. Nothing is charged (the workers'
 //    TORCHELASTIC_RESTART_COUNT still moves: it is spent() plus the round).
-//  - on_round_formed(attempt): a round formed, carrying the job's count (the
-//    highest any member carries, C10dRound::attempt; 0 for the static
-//    rendezvous). The budget adopts it when higher: a node that joins a
-//    running job takes the job's count.
+//  - on_round_formed(attempt): a round formed, carrying the job's count
+//    (C10dRound::attempt: the highest any member carries or the rendezvous
+//    store keeps, so that a round of newcomers alone goes on from it; 0 for
+//    the static rendezvous). The budget adopts it when higher: a node that
+//    joins a running job takes the job's count. The budget does no I/O: the
+//    agent records each charge in the store (agent/protocol.h).
 //
 // Why "had not reported": members do not see the change and the tally at the
 // same moment. While one member's workers are slow to stop, another may be
@@ -46,7 +48,8 @@
 // into the next round. A lost member's report is in the tally before its
 // loss, so every member decides alike. (Found by the rendezvous simulation;
 // a member declared lost by its heartbeat while only stalled may still
-// report late, and is the one case left to the next round's highest count.)
+// report late, and is the one case left to the count the next round takes:
+// the highest of its members' and the store's.)
 //
 // Misuse (a failure while one is pending, a restart with none pending or none
 // left, an admission charging the last attempt's failure, a round formed

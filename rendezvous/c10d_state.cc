@@ -56,6 +56,32 @@ int64_t int_text(const std::string& raw, const std::string& key) {
   return std::stoll(raw);
 }
 
+// Raises the max-register at `key` to `count`, starting from a
+// compare_set that expects `expected` (nullopt: the key missing):
+// C10dState::raise_count.
+int raise_from(store::Store& store, const std::string& key, int count,
+               std::optional<std::string> expected) {
+  CTORCHRUN_CHECK(count > 0, "a restart count below 1 for " + key);
+  const std::string target = std::to_string(count);
+  // Each turn after the first finds a higher value than the last (the
+  // register only grows), so the loop ends within count + 2 turns; the
+  // bound guards a store that breaks that.
+  for (int step = 0;; ++step) {
+    CTORCHRUN_CHECK(step < kMaxSteps, "the restart count at " + key + " never settled");
+    // torch's rules: an empty `expected` creates a missing key; a replay of
+    // a swap that applied finds `target` there and returns it.
+    const std::string got = store.compare_set(key, expected.value_or(""), target);
+    if (got == target) return count;
+    if (expected && got == *expected) {
+      expected.reset();  // `expected` back: the key is missing
+      continue;
+    }
+    const int64_t have = int_text(got, key);
+    if (have >= count) return static_cast<int>(have);
+    expected = got;
+  }
+}
+
 // A slot: 'n' or 'm' and a number.
 bool valid_slot(const std::string& s) {
   return s.size() >= 2 && s.size() <= 10 && (s[0] == 'n' || s[0] == 'm') &&
@@ -100,6 +126,25 @@ std::string C10dState::round_key(int generation, int round, const std::string& w
 
 std::string C10dState::closed_key(int generation) {
   return "g" + std::to_string(generation) + "/rdzv/closed";
+}
+
+std::string C10dState::count_key(int generation) {
+  return "g" + std::to_string(generation) + "/rdzv/attempt";
+}
+
+std::string C10dState::restarts_key(int generation, int round) {
+  return "g" + std::to_string(generation) + "/r" + std::to_string(round) + "/" + kRestartsKey;
+}
+
+int C10dState::read_count(store::Store& store, const std::string& key) {
+  const auto v = store::read_if_present(store, key);
+  return v ? static_cast<int>(int_text(*v, key)) : 0;
+}
+
+int C10dState::raise_count(store::Store& store, const std::string& key, int count, int believed) {
+  return raise_from(
+      store, key, count,
+      believed > 0 ? std::optional<std::string>(std::to_string(believed)) : std::nullopt);
 }
 
 C10dState::C10dState(store::Store& job, C10dSettings settings, NodeInfo me, C10dTiming timing,
@@ -185,6 +230,12 @@ void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector
   const int size = static_cast<int>(previous.nodes.size());
   const int expected = expected_members(size, lost);
   const bool me_lost = std::find(lost.begin(), lost.end(), previous.group_rank) != lost.end();
+  // A failure charged in `previous` (as its workers restarted there, or as
+  // it gave way): the job's count in the store first, so that it outlives
+  // this node whatever round forms next.
+  if (attempt > previous.attempt) {
+    raise_count(job_, count_key(generation_), attempt, previous.attempt);
+  }
   attempt_ = attempt;
   if (me_lost) {
     // Declared lost, yet here: not one of those the round waits for; it
@@ -301,10 +352,12 @@ void C10dState::try_complete() {
   const std::vector<std::optional<std::string>> records = present_records(keys);
   std::vector<std::string> slots;
   nlohmann::json members = nlohmann::json::array();
+  int attempt = 0;
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (static_cast<int>(slots.size()) >= settings_.max_nodes) break;
     if (!records[i]) continue;
     auto rec = parse_object(*records[i], keys[i]);
+    attempt = std::max(attempt, int_field(rec, "attempt", keys[i]));
     rec["slot"] = candidates[i];
     members.push_back(std::move(rec));
     slots.push_back(candidates[i]);
@@ -315,7 +368,19 @@ void C10dState::try_complete() {
     job_.delete_key(key("claim"));
     return;
   }
-  job_.compare_set(key("complete"), "", nlohmann::json{{"members", members}}.dump());
+  // The job's count: what the members carry, the register, and the restarts
+  // charged within the round before (whose members may all be gone). The
+  // register holds it before the roster does, so that no later round starts
+  // lower whoever forms it.
+  const std::string count = count_key(generation_);
+  const std::optional<std::string> held = store::read_if_present(job_, count);
+  const int stored = held ? static_cast<int>(int_text(*held, count)) : 0;
+  attempt = std::max(attempt, stored);
+  if (round_ > 0)
+    attempt = std::max(attempt, read_count(job_, restarts_key(generation_, round_ - 1)));
+  if (attempt > stored) raise_from(job_, count, attempt, held);
+  job_.compare_set(key("complete"), "",
+                   nlohmann::json{{"members", members}, {"attempt", attempt}}.dump());
   job_.set("g" + std::to_string(generation_) + "/rdzv/round", std::to_string(round_));
 }
 
@@ -377,6 +442,9 @@ C10dRound C10dState::read_roster(const std::string& raw) {
   if (world > (int64_t{1} << 30)) {
     throw ProtocolError("roster at key '" + k + "': a world size out of range");
   }
+  // The builder's count (it folds in the store's); a roster without one
+  // (an older builder) has its members' alone.
+  if (j.contains("attempt")) r.attempt = std::max(r.attempt, int_field(j, "attempt", k));
   return r;
 }
 
@@ -676,33 +744,41 @@ std::string C10dRoundWatch::present_key(int generation, int round, int group_ran
   return C10dState::round_key(generation, round, "present/" + std::to_string(group_rank));
 }
 
+bool C10dRoundWatch::lost(int g) {
+  return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix}) ||
+         (g < static_cast<int>(slots_.size()) &&
+          job_.check({key(round_, "node/" + slots_[static_cast<size_t>(g)]) +
+                      store::protocol::kGoneSuffix}));
+}
+
+MembershipChange C10dRoundWatch::gone_members(const std::vector<int>& left) {
+  std::vector<int> left_now, lost_now;
+  for (int g = 0; g < members_; ++g) {
+    if (g == me_) continue;
+    if (std::find(left.begin(), left.end(), g) != left.end()) {
+      left_now.push_back(g);
+    } else if (lost(g)) {
+      lost_now.push_back(g);
+    }
+  }
+  if (left_now.empty() && lost_now.empty()) return {};
+  return gone_change(left_now, lost_now);
+}
+
 std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   const std::string k = key(round_, "reform");
   if (job_.check({k})) return parse(job_.get(k));
+  std::vector<int> left;
   if (members_ > 1) {
     // Gone: it left on purpose (the round's left tally), its presence key
     // vanished with its agent, or its record did (an agent that died after
     // entering, before it could hold its presence).
-    const std::vector<int> left = left_members(job_, generation_, round_, members_);
+    left = left_members(job_, generation_, round_, members_);
     auto has_left = [&](int g) { return std::find(left.begin(), left.end(), g) != left.end(); };
-    auto lost = [&](int g) {
-      return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix}) ||
-             (g < static_cast<int>(slots_.size()) &&
-              job_.check({key(round_, "node/" + slots_[static_cast<size_t>(g)]) +
-                          store::protocol::kGoneSuffix}));
-    };
     const bool any_left = std::any_of(left.begin(), left.end(), [&](int g) { return g != me_; });
     if (any_left || lost((me_ + 1) % members_)) {
-      std::vector<int> left_now, lost_now;
-      for (int g = 0; g < members_; ++g) {
-        if (g == me_) continue;
-        if (has_left(g)) {
-          left_now.push_back(g);
-        } else if (lost(g)) {
-          lost_now.push_back(g);
-        }
-      }
-      if (!left_now.empty() || !lost_now.empty()) return reform(gone_change(left_now, lost_now));
+      MembershipChange change = gone_members(left);
+      if (!change.lost.empty()) return reform(change);
     }
     if (me_ != 0 && rank0_closed_ && rank0_closed_() && !has_left(0) &&
         job_.check({present_key(generation_, round_, 0)})) {
@@ -722,9 +798,27 @@ std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
   if (job_.compare_set(key(round_, "gate/" + std::to_string(attempt)), "", "admit") != "admit") {
     return std::nullopt;
   }
-  MembershipChange admit;
-  admit.reason =
+  const std::string admitting =
       "admitting " + std::to_string(waiting) + " waiting node" + (waiting == 1 ? "" : "s");
+  // A member lost that this one does not watch may be what failed the
+  // workers: the re-formation names it, so that the failure is refunded
+  // (agent/restart_budget.h), and admits the waiting nodes all the same.
+  // Once per attempt and member (the gate is taken): one request when every
+  // other member's presence is there, one or two per member otherwise.
+  std::vector<std::string> present;
+  for (int g = 0; g < members_; ++g) {
+    if (g != me_) present.push_back(present_key(generation_, round_, g));
+  }
+  const bool any_left = std::any_of(left.begin(), left.end(), [&](int g) { return g != me_; });
+  if (members_ > 1 && (any_left || !job_.check(present))) {
+    MembershipChange change = gone_members(left);
+    if (!change.lost.empty()) {
+      change.reason += "; " + admitting;
+      return reform(change);
+    }
+  }
+  MembershipChange admit;
+  admit.reason = admitting;
   return reform(admit);
 }
 

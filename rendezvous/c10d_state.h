@@ -19,12 +19,25 @@
 //                        naming the setting and both values), writing nothing.
 //   g<G>/rdzv/round      a hint: the newest round that completed (set by the
 //                        node that completed it).
+//   g<G>/rdzv/attempt    the job's restart count (decimal; missing: 0), a
+//                        register that only grows (raise_count: compare_set
+//                        from the value it holds). Raised by a roster's
+//                        builder to the roster's count before it publishes
+//                        the roster, and by a member that comes back carrying
+//                        more than its round started with (a failure charged
+//                        in that round) before it enters the next. A new
+//                        generation starts from 0.
+//   g<G>/r<R>/restarts   not a rendezvous key: in round R's agents'
+//                        namespace (agent/protocol.h), the count after a
+//                        failure charged within round R, raised (raise_count)
+//                        by each member that restarts its workers there,
+//                        before they start. The builder of round R+1 reads it.
 //   g<G>/rdzv/<R>/...    round R:
 //     joined             tally (store.h): a newcomer's place i (its slot "n<i>")
 //     node/<slot>        a node's record (rendezvous/node_record.h: "host",
 //                        "pid", "local_world_size", "hosts_endpoint") and
 //                        "attempt" (the job's restart count it carries; 0
-//                        for a newcomer). Slots: "n<i>" for the
+//                        for a node new to the job). Slots: "n<i>" for the
 //                        i-th newcomer, "m<g>" for the member of round R-1
 //                        with group rank g, coming back.
 //     entered            tally of slots, once the node's record is written
@@ -36,7 +49,11 @@
 //                        every node's last call
 //     claim              compare_set: the node that builds the roster
 //     complete           compare_set once: the roster {"members": [record +
-//                        "slot"]}, in group-rank order. Members of R-1 come
+//                        "slot"], "attempt"}, in group-rank order; "attempt"
+//                        is the round's restart count: the highest of its
+//                        members' records, rdzv/attempt and r<R-1>/restarts
+//                        (a reader of a roster without it takes its members'
+//                        highest). Members of R-1 come
 //                        first in their old order, then newcomers by arrival,
 //                        at most MAX. A node left out enters round R+1 as a
 //                        newcomer (a spare while the job runs at MAX).
@@ -88,7 +105,11 @@
 //       round R has fewer than MAX
 //       members, last_call_timeout has passed since this member saw R complete
 //       (so at most one admission per last call), and it takes the attempt's
-//       gate before any member's workers finish;
+//       gate before any member's workers finish. It then looks at every
+//       member, not only the one it watches: a member lost or left is named
+//       in the reform (a re-formation that admits too), so that a failure
+//       the loss caused is refunded (agent/restart_budget.h), not charged to
+//       an admission;
 //     - every member gone: a node waiting in R+1 finds every member lost
 //       (its presence's, its record's or its done key's gone marker) or left
 //       (the left tally); it looks at one per poll and re-forms R itself;
@@ -105,9 +126,13 @@
 //
 // ## Cost
 // A newcomer's entry is 5 requests plus the settings' compare_set; a
-// member's return 6; each poll() at most 4; building the roster 4, plus one
-// per entrant when some entrant's record is gone; reading it 1 (bytes O(N)).
-// A member's check() is 3 requests, plus 2 to 3 when nodes wait. Waiting is on keys the store
+// member's return 6, plus 1 (rarely 2) when it carries a failure charged in
+// its round; each poll() at most 4; building the roster 6, plus one when the
+// count grew and one per entrant when some entrant's record is gone; reading
+// it 1 (bytes O(N)). A member's check() is 3 requests, plus 2 to 3 when
+// nodes wait, plus at the admission (once per attempt) 1, or 1 to 2 per
+// member when some member's presence is not there. A restart within a round
+// costs each member 1 request (raise_count). Waiting is on keys the store
 // wakes, so a poll runs once a slice of the caller, not in a busy loop.
 //
 // Thread safety: one C10dState per node, used by one thread at a time.
@@ -141,7 +166,8 @@ struct C10dRound {
   std::vector<NodeInfo> nodes;     // indexed by group rank
   std::vector<std::string> slots;  // each member's slot, by group rank
   // The job's restart count when this round starts: the highest any member
-  // carries (a node carries the count it last ran with; a fresh one 0).
+  // carries (a node carries the count it last ran with; a fresh one 0) or
+  // the store keeps (rdzv/attempt, the previous round's restarts).
   int attempt = 0;
   // The job's --max_restarts, as its nodes agreed on it (rdzv/settings).
   int max_restarts = 0;
@@ -200,7 +226,8 @@ class C10dState {
   void join();
 
   // After `previous` (this node's round) was re-formed: enters the next round
-  // as that round's member, carrying `attempt` (the job's restart count).
+  // as that round's member, carrying `attempt` (the job's restart count);
+  // one above previous.attempt is raised in rdzv/attempt first.
   // `lost` are the members of `previous` not expected back; a node listed
   // there itself enters as a newcomer.
   void rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost);
@@ -246,6 +273,28 @@ class C10dState {
   // "g<G>/rdzv/<R>/<what>".
   static std::string round_key(int generation, int round, const std::string& what);
   static std::string closed_key(int generation);
+
+  // The job's restart count in the store (see the keys above).
+  // "g<G>/rdzv/attempt": the register every roster folds in.
+  static std::string count_key(int generation);
+  // Round R's agents' namespace holds kRestartsKey ("g<G>/r<R>/restarts"
+  // here; "restarts" in RendezvousInfo::store): raised by each member that
+  // restarts its workers in round R after a charged failure, before they
+  // start; the builder of round R+1 folds it in.
+  static constexpr const char* kRestartsKey = "restarts";
+  static std::string restarts_key(int generation, int round);
+  // Raises the register at `key` (decimal; missing reads 0) to `count` (> 0)
+  // and returns what it holds then (`count` or more): compare_set expecting
+  // `believed` (what the caller believes it holds; 0: missing), then from
+  // each value found until it holds `count` or more. One request when the
+  // belief is right or another writer raised it as far, at most count + 2.
+  // The first request is the write: an answer lost after it applied leaves
+  // the count there. Idempotent: a replay of a swap that applied finds
+  // `count` there (store.h's retry contract), a later raise finds it done.
+  // ProtocolError when the key holds no number.
+  static int raise_count(store::Store& store, const std::string& key, int count, int believed);
+  // The register at `key`, 0 when missing; 1 request, never waits.
+  static int read_count(store::Store& store, const std::string& key);
 
  private:
   std::string key(const std::string& what) const { return round_key(generation_, round_, what); }
@@ -300,7 +349,8 @@ class C10dState {
 };
 
 // Watches a running round for the need to re-form, from the agent's monitor
-// thread, on a store connection of its own. check() costs at most 3 requests.
+// thread, on a store connection of its own. check() costs 3 requests, more
+// when nodes wait (see Cost above).
 class C10dRoundWatch {
  public:
   using Clock = C10dState::Clock;
@@ -310,7 +360,8 @@ class C10dRoundWatch {
 
   // The reform of the round once set (by this node or another), after
   // setting it for an admission that is due or for members whose agents
-  // exited (their presence keys' gone markers, see present_key).
+  // exited (their presence keys' gone markers, see present_key). An
+  // admission names every member lost or left by then.
   std::optional<MembershipChange> check(int attempt);
   // Re-forms the round without change.lost (first writer wins; returns the
   // winner).
@@ -365,6 +416,11 @@ class C10dRoundWatch {
  private:
   std::string key(int round, const std::string& what) const;
   MembershipChange parse(const std::string& raw) const;
+  // Member g's agent exited: its presence's or its record's gone marker.
+  bool lost(int g);
+  // The members but this one that left (in `left`, the round's left tally)
+  // or were lost: the change naming them, or one naming none.
+  MembershipChange gone_members(const std::vector<int>& left);
   // Nodes waiting in the next round whose records are there now.
   int64_t live_waiters();
 

@@ -62,6 +62,7 @@ struct Job {
   std::string port = std::to_string(free_port());
   std::string id = "membership";
   std::string nnodes = "1:3";
+  std::string max_restarts = "0";
   std::string conf =
       "join_timeout=30,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2,"
       "read_timeout=5";
@@ -82,7 +83,7 @@ struct Job {
              "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
     }
     std::vector<std::string> args = rdzv_args();
-    for (std::string a : {"--nnodes=" + nnodes, "--rdzv_id=" + id, std::string("--max_restarts=0"),
+    for (std::string a : {"--nnodes=" + nnodes, "--rdzv_id=" + id, "--max_restarts=" + max_restarts,
                           "--rdzv_conf=" + conf, "--events_file=" + d.file("events_" + name)}) {
       args.push_back(a);
     }
@@ -235,6 +236,40 @@ TEST_CASE(
     auto [codes, out] = ended({again.get()});
     INFO(out);
     CHECK(codes[0] == 0);
+  }
+}
+
+TEST_CASE(
+    "membership: a one-node job whose agent is killed after a restart comes back with the job's "
+    "restart count rather than 0",
+    "[multiproc]") {
+  // The count the job spent lived only in the agent: the new agent's round,
+  // formed by a newcomer alone, started from 0 and its workers had the
+  // restarts already spent once more.
+  for (Backend b : {Backend::kStandaloneStore, Backend::kEtcd}) {
+    INFO(backend_name(b));
+    Job job(b);
+    job.nnodes = "1:2";
+    job.max_restarts = "2";
+    // Attempt 0's worker fails: restart 1. The new agent's workers must not
+    // see 0, which would fail them again.
+    const std::string body =
+        "[ \"$CTORCHRUN_FAILED_RESTARTS\" = 0 ] && exit 1; i=0; while [ ! -e " + job.d.path +
+        "/stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+    auto a = job.agent("a", body);
+    REQUIRE(wait_for_lines(job.seen("a"), 2, 30s));
+    CHECK(lines_of(job.seen("a")) == std::vector<std::string>{"1 0 0", "1 1 0"});
+    // Killed (no leave, no close): the id stays the job's.
+    a->signal_group(SIGKILL);
+    CHECK(a->exit_code(10s) == 128 + SIGKILL);
+    auto again = job.agent("again", body);
+    REQUIRE(wait_for_lines(job.seen("again"), 1, 40s));
+    CHECK(lines_of(job.seen("again")).front() == "1 1 0");
+    job.stop();
+    auto [codes, out] = ended({again.get()});
+    INFO(out);
+    CHECK(codes[0] == 0);
+    CHECK(lines_of(job.seen("again")).size() == 1);
   }
 }
 

@@ -24,7 +24,10 @@
 // whose workers failed (Agent::failed) reports them stopped at its next step
 // (the tally attempt/<k>/stopped, kept by the sim) and, as sync_after_stop
 // does, restarts once every member of the round reported, or gives way when
-// its watch sees the round give way first.
+// its watch sees the round give way first. As it restarts it records the
+// job's count in the store as ElasticAgent::settle does
+// (C10dState::raise_count of its round's restarts key; an answer lost there
+// ends it, the write applied).
 //
 // Random events: a node arrives; a running round's workers fail (every
 // member whose workers run stops them; one that reads the roster later finds
@@ -64,23 +67,22 @@
 //    charged once every member reported its workers stopped for it, or when
 //    R gives way naming no lost member that had not reported (an admission
 //    names none); it is explained by a loss when R gives way naming a member
-//    lost before it reported (a failure a loss caused is charged when an
-//    admission re-formed R before any member noticed the loss: the sim
-//    counts those). A member owes the charged failures it took part in, and
-//    a round's members owe the most any of them owed as they entered it.
-//    The job's count lives in its members' records
-//    (C10dRound::attempt): a round formed by none of the members that
-//    carried it starts from what its members carry, as C10dState does; the
-//    sim counts those rounds, and CTORCHRUN_SIM_JOB_COUNT=1 makes each a
-//    violation.
+//    lost before it reported. A failure a loss caused that is charged is a
+//    violation (an admission that re-forms R names the members lost by
+//    then). A member owes the charged failures it took part in; the job has
+//    spent the most any round's members owed as they entered it, with the
+//    failures charged since; a round's members owe what the job has spent
+//    as it forms (a failure in a round that had given way already is known
+//    to its own members alone: the job spends it as one of them gives way).
+//    Every round forms at that count (C10dRound::attempt), even one formed
+//    by none of the members that carried it: the count is in the store
+//    (C10dState: rdzv/attempt, the round's restarts). The sim counts the
+//    rounds that took it from the store.
 //
 // Environment:
 //   CTORCHRUN_SIM_SEEDS=N       how many seeds (default 2000)
 //   CTORCHRUN_SIM_SEED=S        run seed S alone, printing every event
 //   CTORCHRUN_SIM_KEEP_GOING=1  run every seed; count the violations by kind
-//   CTORCHRUN_SIM_JOB_COUNT=1   a round that forms with a lower count than the
-//                               job spent (none of its carriers in it) is a
-//                               violation
 //   CTORCHRUN_SIM_FAULTS=a,b    which faults beyond the base ones (default: all;
 //                               "base" for none of them):
 //     entrants  kill (or lose an answer of) a node that entered a forming
@@ -130,10 +132,7 @@ namespace {
 struct SimOptions {
   bool kill_entrants = false;  // faults may hit nodes that entered a forming round
   bool leave = false;          // running members may leave on purpose
-  // A round formed by none of the members that carried the job's count is a
-  // violation too (it starts from what they carry: see the header).
-  bool job_count = false;
-  bool verbose = false;  // print every event as it happens
+  bool verbose = false;        // print every event as it happens
 };
 
 // An invariant broke (thrown by Sim::violate, caught in Sim::run).
@@ -243,7 +242,7 @@ class Sim {
         << " ms, claim " << timing_.claim_timeout.count() << " ms\n  last events:\n";
     for (const auto& e : trace_) out << "    " << e << "\n";
     out << "  replay: CTORCHRUN_SIM_SEED=" << seed_ << faults_text()
-        << (opt_.job_count ? " CTORCHRUN_SIM_JOB_COUNT=1" : "") << " bin/rendezvous_tests '[sim]'";
+        << " bin/rendezvous_tests '[sim]'";
     return out.str();
   }
 
@@ -253,10 +252,10 @@ class Sim {
   int loss_failures_before = 0, loss_failures_after = 0;
   int refunds = 0;                 // failures an agent's budget refunded
   int charged = 0, explained = 0;  // the job's failures, as settled
-  // Caused by a loss, yet charged: the round gave way for an admission before
-  // any member noticed the loss.
+  // Caused by a loss, yet charged (a violation): the round gave way naming no
+  // member lost before it reported.
   int loss_charged = 0;
-  int count_drops = 0;  // rounds formed by no carrier of the job's count: it starts lower
+  int count_drops = 0;  // rounds formed by no carrier of the job's count: from the store
 
  private:
   // ---- randomness and bookkeeping ----------------------------------------
@@ -569,6 +568,19 @@ class Sim {
       a.failed = false;
       event(a.name() + " restarts its workers: attempt " + std::to_string(next) + " of round " +
             std::to_string(a.round->round));
+      // ElasticAgent::settle: the job's count in the round's namespace before
+      // the workers start. An answer lost there ends the agent (its main
+      // path), the write applied.
+      try {
+        const auto& r = *a.round;
+        C10dState::raise_count(*a.job, C10dState::restarts_key(r.generation, r.round), next,
+                               next - 1 > r.attempt ? next - 1 : 0);
+      } catch (const IoError& e) {
+        ++exits;
+        end_agent(a, std::string("exits: recording its restart lost the store (") + e.what() + ")");
+      } catch (const testing::WouldWaitError& e) {
+        violate(a.name() + " recording its restart: " + e.what());
+      }
       return;
     }
     std::optional<MembershipChange> change;
@@ -613,6 +625,11 @@ class Sim {
     const auto outcome = a.budget->on_round_gives_way(*change, stopped);
     a.failed = false;
     if (outcome == RestartBudget::GiveWay::kRefunded) ++refunds;
+    // Charged as it gives way: the count goes to the store as it comes back
+    // (C10dState::rejoin, its first write: a lost answer leaves it there).
+    if (pending && outcome == RestartBudget::GiveWay::kCharged) {
+      job_count_ = std::max(job_count_, a.attempt());
+    }
     event(a.name() + " gives way in round " + std::to_string(a.round->round) + ": " +
           change->reason + " lost " + ranks_text(change->lost) +
           (!pending                                       ? ""
@@ -760,6 +777,7 @@ class Sim {
     if (fresh) {
       it->second.members = static_cast<int>(r.slots.size());
       it->second.loss = loss;
+      it->second.after_reform = exists(C10dState::round_key(r.generation, r.round, "reform"));
     }
     it->second.participants.emplace_back(a.id, a.incarnation);
     // A member that learns of it late, once the job charged it, owes it too.
@@ -898,23 +916,26 @@ class Sim {
       rosters_[key] = r.slots;
       roster_size_[key] = n;
       ++rounds;
-      // The count the round should carry: the highest its members owed as
-      // they entered it.
-      int owed = 0;
+      // The count the round should carry: the job's, which is at least the
+      // highest its members owed as they entered it. Members that carry less
+      // (none of them carried the job's count: newcomers) take it from the
+      // store.
+      int carried = 0;
       for (const auto& slot : r.slots) {
         auto e = entry_owed_.find(std::make_tuple(r.generation, r.round, slot));
-        if (e != entry_owed_.end()) owed = std::max(owed, e->second);
+        if (e != entry_owed_.end()) carried = std::max(carried, e->second);
       }
+      const int owed = std::max(carried, job_count_);
       round_owed_[key] = owed;
-      if (owed < job_count_) {
-        if (opt_.job_count) {
-          violate("round " + std::to_string(r.round) + " forms owing " + std::to_string(owed) +
-                  " restarts, but the job had spent " + std::to_string(job_count_));
-        }
+      if (carried < job_count_) {
         ++count_drops;
-        event("round " + std::to_string(r.round) + " forms owing " + std::to_string(owed) +
-              " restarts, the job had spent " + std::to_string(job_count_) +
-              ": no member carries the job's count");
+        event("round " + std::to_string(r.round) + " forms with members that carry " +
+              std::to_string(carried) + " restarts, the job had spent " +
+              std::to_string(job_count_) + ": the count comes from the store");
+      }
+      if (r.attempt != owed) {
+        violate("round " + std::to_string(r.round) + " forms at restart count " +
+                std::to_string(r.attempt) + ", but the job had spent " + std::to_string(owed));
       }
       job_count_ = owed;
     } else if (seen->second != r.slots) {
@@ -951,12 +972,20 @@ class Sim {
       f.settled = true;
       if (f.charged) {
         ++charged;
-        if (f.loss) ++loss_charged;
+        if (f.loss) {
+          ++loss_charged;
+          violate("the failure of attempt " + std::to_string(k) + " of round " + std::to_string(r) +
+                  ", caused by a loss, is charged: the round gave way naming no member lost "
+                  "before it reported");
+        }
         for (const auto& [id, incarnation] : f.participants) {
           auto& b = agents_[static_cast<size_t>(id)];
           if (b.live() && b.incarnation == incarnation) b.owed = std::max(b.owed, k + 1);
         }
-        job_count_ = std::max(job_count_, k + 1);
+        // A failure after its round gave way is known to its own members
+        // alone (the others gave way without it): it becomes the job's as
+        // one of them gives way, charged (step_running).
+        if (!f.after_reform) job_count_ = std::max(job_count_, k + 1);
       } else {
         ++explained;
       }
@@ -1081,6 +1110,9 @@ class Sim {
   struct FailureTruth {
     int members = 0;    // the round's size: the reports that restart it
     bool loss = false;  // caused by a member's loss
+    // It happened in a round that had given way already (its reform set):
+    // members that gave way before it never had it.
+    bool after_reform = false;
     bool settled = false;
     bool charged = false;
     std::vector<std::pair<int, int>> participants;  // (agent id, incarnation) that had it
@@ -1110,8 +1142,6 @@ SimOptions env_options() {
   const std::string faults = v != nullptr && *v != '\0' ? v : "entrants,leave";
   o.kill_entrants = faults.find("entrants") != std::string::npos;
   o.leave = faults.find("leave") != std::string::npos;
-  const char* count = std::getenv("CTORCHRUN_SIM_JOB_COUNT");
-  o.job_count = count != nullptr && std::string(count) == "1";
   return o;
 }
 
@@ -1170,9 +1200,11 @@ TEST_CASE("c10d simulation: seeded runs of 2 to 6 agents keep every rendezvous i
             << " at once, before any watch noticed the loss, and " << loss_after
             << " members' as their watch noticed it; the job's failures settled: " << charged
             << " charged, " << explained << " explained by a loss (" << loss_charged
-            << " caused by a loss but charged: the round gave way for an admission first); "
-            << refunds << " refunds by the agents' budgets; " << count_drops
-            << " rounds formed with none of the members that carried the job's count" << std::endl;
+            << " caused by a loss but charged); " << refunds << " refunds by the agents' budgets; "
+            << count_drops
+            << " rounds formed with none of the members that carried the job's count took it "
+               "from the store"
+            << std::endl;
   for (const auto& [kind, k] : kinds) {
     std::cout << k.first << " seeds: " << kind << "\n  first: " << k.second << "\n";
   }
