@@ -308,9 +308,9 @@ bool hold_writer_lock(const std::string& dir) {
       std::string holder = n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "";
       while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
       if (holder.empty()) holder = "a process that has not written its name yet";
-      throw ConfigError("checkpoint: another process writes '" + dir + "' (" + holder +
-                        ", holding the flock on " + path +
-                        "); one process may write a checkpoint directory");
+      throw InvalidArgument("checkpoint: another process writes '" + dir + "' (" + holder +
+                            ", holding the flock on " + path +
+                            "); one process may write a checkpoint directory");
     }
     get_logger("coll")->warn(
         "checkpoint: cannot flock {} ({}): a second writer of {} would go undetected", path,

@@ -44,7 +44,7 @@
 // Writers: one process per directory. The first save to DIR takes an flock
 // on DIR/.ctckpt-lock and keeps it until the process exits or calls
 // release_checkpoint_lock(DIR); a save from another process meanwhile throws
-// ConfigError naming the holder (host and pid); a forked child is another
+// InvalidArgument (a ConfigError) naming the holder (host and pid); a forked child is another
 // process. Readers take no lock. Saves within one process are serialized;
 // loads may run from any thread.
 //

@@ -620,11 +620,12 @@ class GlooBackend : public Backend {
       listed += std::string(listed.empty() ? "" : "; ") + (ranks.size() > 1 ? "ranks " : "rank ") +
                 who + ": " + call;
     }
-    throw ConfigError(item.work->description() + ": the ranks' calls differ (collective " +
-                      std::to_string(item.tag) + " of this group, counted from 0): " + listed +
-                      ". Every rank must make the same collective calls in the same order, with "
-                      "the same count, data type, reduction and root; no data moved and the "
-                      "group is still usable");
+    throw InvalidArgument(
+        item.work->description() + ": the ranks' calls differ (collective " +
+        std::to_string(item.tag) + " of this group, counted from 0): " + listed +
+        ". Every rank must make the same collective calls in the same order, with "
+        "the same count, data type, reduction and root; no data moved and the "
+        "group is still usable");
   }
 
   // A group of one: every collective is a copy (or nothing).

@@ -24,8 +24,9 @@
 // collectives in the same order with matching counts; roots and peers are
 // ranks of the group. With gloo the ranks check that: before a collective
 // moves data they compare its op, count, data type, reduction and root, and
-// when these differ every rank throws the same ConfigError naming each rank's
-// call, and the group stays usable (InitOptions::check_calls turns it off).
+// when these differ every rank throws the same InvalidArgument (a
+// ConfigError) naming each rank's call, and the group stays usable (InitOptions::check_calls turns
+// it off).
 //
 // Threads: every method may be called from several threads at once,
 // new_group included. A collective takes its place in the group's order when

@@ -41,6 +41,15 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A call whose arguments cannot be right: the ranks of a group called
+// different collectives (libctorch_dist's call check), or a second process
+// writes a checkpoint directory that another holds. A ConfigError, so code
+// that catches those catches these too.
+class InvalidArgument : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 // The rendezvous was closed by another participant.
 class RendezvousClosedError : public Error {
  public:

@@ -155,7 +155,7 @@ TEST_CASE("checkpoint save creates the missing parents of its directory", "[unit
   CHECK(slurp(dir.path + "/file") == "mine");
 }
 
-TEST_CASE("checkpoint a second process writing a directory gets ConfigError naming the holder",
+TEST_CASE("checkpoint a second process writing a directory gets InvalidArgument naming the holder",
           "[unit]") {
   TempDir dir;
   Child holder([&](int out, int in) {
@@ -168,7 +168,7 @@ TEST_CASE("checkpoint a second process writing a directory gets ConfigError nami
   std::string message;
   try {
     dist::save_checkpoint(dir.path, 2, "step 2");
-  } catch (const ctorchrun::ConfigError& e) {
+  } catch (const ctorchrun::InvalidArgument& e) {
     message = e.what();
   }
   CHECK_THAT(message, Catch::Contains("pid " + std::to_string(holder.pid())) &&

@@ -137,7 +137,7 @@ void mismatch(const std::string& kind, const std::string& call0, const std::stri
     std::string out = ranks[r]->read_all(seconds(60));
     INFO("rank " << r << ": " << out);
     const std::string rank = std::to_string(r);
-    CHECK_THAT(out, Catch::Contains("mismatch " + rank + ": ConfigError: ") &&
+    CHECK_THAT(out, Catch::Contains("mismatch " + rank + ": InvalidArgument: ") &&
                         Catch::Contains("rank 0: " + call0) && Catch::Contains("rank 1: " + call1));
     CHECK_THAT(out, Catch::Contains("after " + rank + ": ok"));
     CHECK(ranks[r]->exit_code(seconds(10)) == 0);

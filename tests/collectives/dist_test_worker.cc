@@ -399,6 +399,8 @@ int mismatch(const std::string& kind, int timeout_ms) {
   try {
     pg->all_reduce(buffer, op);
     outcome = "no error, got " + std::to_string(kind == "dtype" && rank == 1 ? ints[0] : floats[0]);
+  } catch (const ctorchrun::InvalidArgument& e) {
+    outcome = std::string("InvalidArgument: ") + e.what();
   } catch (const ctorchrun::ConfigError& e) {
     outcome = std::string("ConfigError: ") + e.what();
   } catch (const ctorchrun::TimeoutError& e) {
