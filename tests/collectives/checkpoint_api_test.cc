@@ -210,12 +210,7 @@ TEST_CASE("checkpoint load of 64 MiB into the caller's buffer takes little memor
           "[unit]") {
   TempDir dir;
   constexpr size_t kSize = size_t{64} << 20;
-  std::string path;
-  {
-    std::string payload(kSize, '\0');
-    for (size_t i = 0; i < kSize; i += 4096) payload[i] = static_cast<char>(i / 4096);
-    path = dist::save_checkpoint(dir.path, 1, payload);
-  }
+  const std::string path = ckpt_test::save_large_checkpoint(dir.path, kSize);
   Child child([&](int out, int) {
     std::vector<char> buffer(kSize, '\1');  // the caller's, touched before the measure
     if (!reset_peak()) throw std::runtime_error("cannot reset VmHWM");

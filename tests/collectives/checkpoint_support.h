@@ -227,4 +227,13 @@ inline std::string read_line_fd(int fd, int timeout_ms) {
   return line;
 }
 
+// Saves a checkpoint of `size` bytes at step 1 under `dir` (one distinct
+// byte per page, the rest zero) and returns its path; the payload is freed
+// before it returns, so that a later measure of memory starts clean.
+inline std::string save_large_checkpoint(const std::string& dir, size_t size) {
+  std::string payload(size, '\0');
+  for (size_t i = 0; i < size; i += 4096) payload[i] = static_cast<char>(i / 4096);
+  return ctorchrun::dist::save_checkpoint(dir, 1, payload);
+}
+
 }  // namespace ckpt_test

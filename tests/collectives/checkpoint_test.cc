@@ -188,12 +188,7 @@ TEST_CASE("checkpoint loading a 64 MiB checkpoint grows peak memory by under 1.1
           "[unit]") {
   TempDir dir;
   constexpr size_t kSize = size_t{64} << 20;
-  std::string path;
-  {
-    std::string payload(kSize, '\0');
-    for (size_t i = 0; i < kSize; i += 4096) payload[i] = static_cast<char>(i / 4096);
-    path = dist::save_checkpoint(dir.path, 1, payload);
-  }
+  const std::string path = ckpt_test::save_large_checkpoint(dir.path, kSize);
   // Measured in a child of its own: its peak starts at what it holds now.
   Child child([&](int out, int) {
     if (!reset_peak()) throw std::runtime_error("cannot reset VmHWM");

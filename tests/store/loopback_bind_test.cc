@@ -24,28 +24,38 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A socket of `family` bound to the numeric `host` at `port` (0: any), or -1.
-int bound_socket(const std::string& host, uint16_t port, bool listen = false) {
+// The socket address of the numeric `host` at `port`; family 0 when `host` is
+// not a numeric address.
+struct SocketAddress {
   sockaddr_storage ss{};
   socklen_t len = 0;
-  int family = AF_INET;
-  auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
-  auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  int family = 0;
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&ss); }
+};
+
+SocketAddress address_of(const std::string& host, uint16_t port) {
+  SocketAddress a;
+  auto* a4 = reinterpret_cast<sockaddr_in*>(&a.ss);
+  auto* a6 = reinterpret_cast<sockaddr_in6*>(&a.ss);
   if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1) {
-    a4->sin_family = AF_INET;
+    a.family = a4->sin_family = AF_INET;
     a4->sin_port = htons(port);
-    len = sizeof *a4;
+    a.len = sizeof *a4;
   } else if (inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1) {
-    family = AF_INET6;
-    a6->sin6_family = AF_INET6;
+    a.family = a6->sin6_family = AF_INET6;
     a6->sin6_port = htons(port);
-    len = sizeof *a6;
-  } else {
-    return -1;
+    a.len = sizeof *a6;
   }
-  int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  return a;
+}
+
+// A socket bound to the numeric `host` at `port` (0: any), or -1.
+int bound_socket(const std::string& host, uint16_t port, bool listen = false) {
+  const SocketAddress a = address_of(host, port);
+  if (a.family == 0) return -1;
+  int fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || (listen && ::listen(fd, 4) != 0)) {
+  if (::bind(fd, a.get(), a.len) != 0 || (listen && ::listen(fd, 4) != 0)) {
     ::close(fd);
     return -1;
   }
@@ -61,25 +71,11 @@ bool has_v6_loopback() {
 
 // One connect to host:port, no retry: true if something accepts there.
 bool accepts(const std::string& host, uint16_t port) {
-  sockaddr_storage ss{};
-  socklen_t len = 0;
-  int family = AF_INET;
-  auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
-  auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
-  if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1) {
-    a4->sin_family = AF_INET;
-    a4->sin_port = htons(port);
-    len = sizeof *a4;
-  } else {
-    REQUIRE(inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1);
-    family = AF_INET6;
-    a6->sin6_family = AF_INET6;
-    a6->sin6_port = htons(port);
-    len = sizeof *a6;
-  }
-  int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const SocketAddress a = address_of(host, port);
+  REQUIRE(a.family != 0);
+  int fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+  const bool ok = ::connect(fd, a.get(), a.len) == 0;
   ::close(fd);
   return ok;
 }
