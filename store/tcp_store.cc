@@ -239,10 +239,12 @@ void TcpStore::connect_and_settle(Clock::time_point deadline) {
       }
       {
         std::lock_guard<std::mutex> lock(fd_mutex_);
-        if (interrupted_) throw IoError("the connection to " + where() + " was interrupted");
-        live_fd_ = conn->fd();
-        conn_ = std::move(conn);
+        if (!interrupted_) {
+          live_fd_ = conn->fd();
+          conn_ = std::move(conn);
+        }
       }
+      if (!conn_) continue;  // interrupted meanwhile: the check above throws, no backoff
       if (bind_keys_) send_bind_keys(deadline);
       return;
     } catch (const NotSupportedError&) {
