@@ -1,11 +1,27 @@
 #include "store/tcp_store_server.h"
 
+// clang-format off
+// Before Boost.Asio: compiled as C++20, its coroutine header uses std::exchange
+// without including <utility>.
+#include <utility>
+// clang-format on
+
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
+#include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -45,6 +61,54 @@ constexpr auto kRefusalLogPeriod = std::chrono::seconds(1);
 // must not grow the server); the next refusal of a forgotten client is logged
 // again as a first.
 constexpr size_t kMaxRefusalClients = 4096;
+
+// The hash of the key tables: 8 bytes per step rather than std::hash's
+// byte-oriented MurmurHash (the hash was the largest single cost of a GET), and
+// seeded per server, so a client cannot choose keys that all collide.
+// Transparent, so a request's key is looked up as the string_view it arrived
+// as, never copied first.
+struct KeyHash {
+  using is_transparent = void;
+  uint64_t seed = 0;
+  static uint64_t mix(uint64_t a, uint64_t b) {
+    __extension__ using U128 = unsigned __int128;
+    U128 r = static_cast<U128>(a) * b;
+    return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
+  }
+  // Not noexcept on purpose: the tables then keep each node's hash, so walking
+  // a bucket compares hashes instead of hashing every next node's key again.
+  size_t operator()(std::string_view s) const {
+    constexpr uint64_t k0 = 0x9e3779b97f4a7c15ull, k1 = 0xbf58476d1ce4e5b9ull;
+    const char* p = s.data();
+    size_t n = s.size();
+    uint64_t h = seed ^ (n * k0);
+    uint64_t w = 0;
+    if (n >= 8) {
+      for (; n > 8; p += 8, n -= 8) {
+        std::memcpy(&w, p, 8);
+        h = mix(h ^ w, k1);
+      }
+      std::memcpy(&w, s.data() + s.size() - 8, 8);  // the last 8, overlapping
+    } else if (n >= 4) {
+      uint32_t a = 0, b = 0;
+      std::memcpy(&a, p, 4);
+      std::memcpy(&b, p + n - 4, 4);
+      w = (static_cast<uint64_t>(a) << 32) | b;
+    } else if (n > 0) {
+      w = (static_cast<uint64_t>(static_cast<unsigned char>(p[0])) << 16) |
+          (static_cast<uint64_t>(static_cast<unsigned char>(p[n / 2])) << 8) |
+          static_cast<unsigned char>(p[n - 1]);
+    }
+    return static_cast<size_t>(mix(h ^ w, k0));
+  }
+};
+template <typename V>
+using KeyMap = std::unordered_map<std::string, V, KeyHash, std::equal_to<>>;
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
 
 std::string cut_key(std::string_view key) {
   std::string out;
@@ -87,7 +151,7 @@ class TcpStoreServer::Impl {
                     "blocking call into the store server from its own thread");
     std::packaged_task<decltype(f())()> task(std::move(f));
     auto fut = task.get_future();
-    asio::post(io_, [&task] { task(); });
+    if (!hand_in([&task] { task(); })) throw IoError("the store server has stopped");
     return fut.get();
   }
 
@@ -113,10 +177,24 @@ class TcpStoreServer::Impl {
 
   ServerOptions options_;
   std::shared_ptr<spdlog::logger> log_;
-  // One thread runs it and every socket operation happens on that thread, so
-  // the reactor's per-descriptor locks are not needed (UNSAFE_IO). Scheduler
-  // locking stays: other threads post() into it (run_sync, stop).
-  asio::io_context io_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  // One thread runs it and every Asio call happens on that thread, so it
+  // takes no lock at all (UNSAFE): neither the reactor's per-descriptor locks
+  // nor the scheduler's, which cost more per request than parsing it. Other
+  // threads (run_sync, stop) never touch io_: they hand work in through the
+  // mailbox below.
+  asio::io_context io_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE};
+  // Work from other threads: queued under the mutex, then an eventfd write
+  // wakes the server thread, whose read of the eventfd runs the queue.
+  std::mutex mailbox_mutex_;
+  std::vector<std::function<void()>> mailbox_;
+  bool mailbox_closed_ = false;  // under the mutex: no more writes to the eventfd
+  int mailbox_fd_ = -1;
+  asio::posix::basic_stream_descriptor<Executor> mailbox_reader_{io_};
+  uint64_t mailbox_count_ = 0;
+  void open_mailbox();  // before the server thread starts
+  void read_mailbox();
+  // False once the server stopped taking work.
+  bool hand_in(std::function<void()> task);
   // One per address served (all on one port), each with the timer that
   // paces its retries after an accept error.
   struct Listener {
@@ -130,12 +208,13 @@ class TcpStoreServer::Impl {
   std::vector<std::string> bound_hosts_;  // options_.host first
   uint16_t bound_port_ = 0;
 
-  std::unordered_map<std::string, std::string> kv_;
-  std::unordered_map<std::string, std::deque<std::string>> queues_;
+  const KeyHash hash_{random_seed()};
+  KeyMap<std::string> kv_{0, hash_};
+  KeyMap<std::deque<std::string>> queues_{0, hash_};
   // key -> connections waiting on it (a connection appears once per missing
   // key of its WAIT). Connections unregister themselves before they die.
-  std::unordered_map<std::string, std::vector<Connection*>> waiters_;
-  std::unordered_map<std::string, std::vector<Connection*>> watchers_;
+  KeyMap<std::vector<Connection*>> waiters_{0, hash_};
+  KeyMap<std::vector<Connection*>> watchers_{0, hash_};
   std::unordered_map<Connection*, std::shared_ptr<Connection>> connections_;
   // Keys bound to the connection that created them (BIND_KEYS, see protocol.h).
   std::unordered_map<std::string, Connection*> key_owner_;
@@ -157,22 +236,23 @@ class TcpStoreServer::Impl {
   boost::system::error_code listen_on(Listener& l, const std::string& host, uint16_t port,
                                       std::string* why);
   void do_accept(Listener& l);
-  // Stores `value` (key may alias scratch_key_: nothing here reuses it).
-  void store_value(const std::string& key, std::string value);
+  // Stores `value` (neither may alias scratch_key_ or a stored value).
+  void store_value(std::string_view key, std::string_view value);
   // Deletes `key` if it exists (watchers see a deletion); true if it did.
-  bool erase_key(const std::string& key);
+  bool erase_key(std::string_view key);
   // Deletes the keys bound to `c` and sets their gone markers.
   void release_bound_keys(Connection& c);
-  void wake(const std::string& key);
-  void wake_one(const std::string& key);
-  void notify_watchers(const std::string& key, protocol::WatchResponse kind,
+  void wake(std::string_view key);
+  void wake_one(std::string_view key);
+  void notify_watchers(std::string_view key, protocol::WatchResponse kind,
                        std::string_view old_value, std::string_view new_value);
   const std::string& key_of(std::string_view k) {
     scratch_key_.assign(k.data(), k.size());
     return scratch_key_;
   }
-  bool present(const std::string& key) const {
-    if (kv_.count(key)) return true;
+  bool present(std::string_view key) const {
+    if (kv_.find(key) != kv_.end()) return true;
+    if (queues_.empty()) return false;
     auto q = queues_.find(key);
     return q != queues_.end() && !q->second.empty();
   }
@@ -195,7 +275,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     peer_ = ec ? std::string("?") : a.to_string() + ":" + std::to_string(ep.port());
   }
 
-  void start() { do_read(); }
+  void start() { do_read(shared_from_this()); }
 
   // Queues a reply; it goes out at the end of the current batch of requests,
   // in one write.
@@ -249,11 +329,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::unordered_set<std::string> bound_keys_;
 
  private:
-  void do_read() {
+  // `self` is this connection, kept alive by the pending read; a read handler
+  // hands its own reference on, so the per-request path copies no shared_ptr.
+  void do_read(std::shared_ptr<Connection> self) {
     if (closed_ || reading_ || paused_) return;
     if (in_.size() - in_len_ < 1024) in_.resize(in_.size() * 2);
     reading_ = true;
-    auto self = shared_from_this();
     socket_.async_read_some(asio::buffer(in_.data() + in_len_, in_.size() - in_len_),
                             [this, self](const boost::system::error_code& ec, size_t n) {
                               reading_ = false;
@@ -264,7 +345,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                               }
                               in_len_ += n;
                               process();
-                              do_read();
+                              do_read(std::move(self));
                             });
   }
 
@@ -277,8 +358,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
         paused_ = true;
         break;
       }
-      protocol::ParseResult r = protocol::parse_request(&dialect_, in_.data() + off, in_len_ - off,
-                                                        server_.limits(), &req_);
+      protocol::ParseResult r;
+      if (dialect_ != Dialect::kUnknown && req_.resume_pos == 0 &&
+          protocol::parse_common_request(dialect_, in_.data() + off, in_len_ - off,
+                                         server_.limits(), &req_, &r.size)) {
+        r.status = protocol::ParseStatus::kComplete;
+      } else {
+        r = protocol::parse_request(&dialect_, in_.data() + off, in_len_ - off, server_.limits(),
+                                    &req_);
+      }
       if (r.status == protocol::ParseStatus::kNeedMore) {
         need_ = r.size;
         break;
@@ -288,7 +376,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         close();
         return;
       }
-      need_ = 0;
+      need_ = 1;  // no request is shorter: an empty rest is not parsed
       TcpStoreServer::Impl::Refusal why{nullptr, req_.key, 0, 0};
       if (!server_.execute(*this, req_, &why)) {
         server_.note_drop(*this, why);
@@ -300,7 +388,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     in_batch_ = false;
     if (off > 0) {
       // need_ counts from the request's first byte, which moves to 0 here.
-      std::memmove(in_.data(), in_.data() + off, in_len_ - off);
+      if (off < in_len_) std::memmove(in_.data(), in_.data() + off, in_len_ - off);
       in_len_ -= off;
     }
     if (in_len_ == 0 && in_.size() > kShrinkAbove) {
@@ -314,13 +402,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (closed_ || writing_ || out_.empty()) return;
     // Try the write right away: a reply usually fits the socket buffer, and
     // this saves a trip through the reactor.
-    boost::system::error_code ec;
-    size_t n = socket_.write_some(asio::buffer(out_), ec);
-    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+    // The socket is non-blocking; MSG_NOSIGNAL: a closed peer is an error
+    // here, not a SIGPIPE. The system call itself, not libc's send(): that
+    // one is a thread-cancellation point, whose bookkeeping cost as much as
+    // the rest of this function (the server thread is never cancelled).
+    const auto sent = static_cast<ssize_t>(::syscall(
+        SYS_sendto, socket_.native_handle(), out_.data(), out_.size(), MSG_NOSIGNAL, nullptr, 0));
+    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       close();
       return;
     }
-    out_.erase(0, n);
+    const size_t n = sent < 0 ? 0 : static_cast<size_t>(sent);
+    if (n == out_.size()) {
+      out_.clear();
+    } else {
+      out_.erase(0, n);
+    }
     if (out_.empty()) {
       if (paused_) resume();
       return;
@@ -349,7 +446,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void resume() {
     paused_ = false;
     process();
-    do_read();
+    do_read(shared_from_this());
   }
 
   TcpStoreServer::Impl& server_;
@@ -358,7 +455,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string peer_;
   std::vector<char> in_;
   size_t in_len_ = 0;
-  size_t need_ = 0;  // parse again only once in_len_ reaches this
+  size_t need_ = 1;  // parse again only once in_len_ reaches this
   std::string out_;
   std::string inflight_;
   bool reading_ = false;
@@ -490,7 +587,48 @@ void TcpStoreServer::Impl::do_accept(Listener& l) {
   });
 }
 
+void TcpStoreServer::Impl::open_mailbox() {
+  mailbox_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (mailbox_fd_ < 0) {
+    throw IoError(std::string("store server: could not create an eventfd: ") +
+                  std::strerror(errno));
+  }
+  mailbox_reader_.assign(mailbox_fd_);  // now owns the descriptor
+  read_mailbox();
+}
+
+// A read, not an async_wait: Asio's reactor is edge-triggered, and a read
+// armed after a write it missed still finds the count at once (speculative
+// read), where a wait would sleep until the next write.
+void TcpStoreServer::Impl::read_mailbox() {
+  mailbox_reader_.async_read_some(
+      asio::buffer(&mailbox_count_, sizeof mailbox_count_),
+      [this](const boost::system::error_code& ec, size_t) {
+        if (ec == asio::error::operation_aborted || !mailbox_reader_.is_open()) return;
+        if (ec) log_->error("store server: reading its wake-up eventfd failed: {}", ec.message());
+        std::vector<std::function<void()>> tasks;
+        {
+          std::lock_guard<std::mutex> lock(mailbox_mutex_);
+          tasks.swap(mailbox_);
+        }
+        for (auto& t : tasks) t();
+        if (mailbox_reader_.is_open()) read_mailbox();
+      });
+}
+
+bool TcpStoreServer::Impl::hand_in(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mailbox_mutex_);
+  if (mailbox_closed_) return false;
+  mailbox_.push_back(std::move(task));
+  const uint64_t one = 1;
+  // Only a counter at its maximum could refuse this, and it is read at once.
+  while (::write(mailbox_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+  return true;
+}
+
 void TcpStoreServer::Impl::run_thread() {
+  open_mailbox();
   thread_ = std::thread([this] {
     // Handlers report errors through error codes; anything thrown here is
     // unexpected (bad_alloc), so log it and keep the server alive.
@@ -508,7 +646,7 @@ void TcpStoreServer::Impl::run_thread() {
 void TcpStoreServer::Impl::stop() {
   if (stopped_.exchange(true)) return;
   if (thread_.joinable()) {
-    asio::post(io_, [this] {
+    hand_in([this] {
       boost::system::error_code ec;
       for (auto& l : listeners_) {
         l->acceptor.close(ec);
@@ -516,9 +654,22 @@ void TcpStoreServer::Impl::stop() {
       }
       auto all = connections_;
       for (auto& c : all) c.second->close();
+      {
+        std::lock_guard<std::mutex> lock(mailbox_mutex_);
+        mailbox_closed_ = true;
+      }
+      mailbox_reader_.close(ec);
       io_.stop();
     });
     thread_.join();
+    // Work handed in while the server stopped: run here, the server thread
+    // being gone, so that no run_sync caller waits for ever.
+    std::vector<std::function<void()>> left;
+    {
+      std::lock_guard<std::mutex> lock(mailbox_mutex_);
+      left.swap(mailbox_);
+    }
+    for (auto& t : left) t();
   }
 }
 
@@ -588,13 +739,14 @@ void TcpStoreServer::Impl::unbind(const std::string& key) {
   key_owner_.erase(it);
 }
 
-bool TcpStoreServer::Impl::erase_key(const std::string& key) {
+bool TcpStoreServer::Impl::erase_key(std::string_view key) {
   auto it = kv_.find(key);
   if (it == kv_.end()) return false;
+  std::string name(key);  // `key` may view the node erased below
   std::string old = std::move(it->second);
   kv_.erase(it);
-  unbind(key);
-  notify_watchers(key, protocol::WatchResponse::kKeyDeleted, old, {});
+  unbind(name);
+  notify_watchers(name, protocol::WatchResponse::kKeyDeleted, old, {});
   return true;
 }
 
@@ -611,10 +763,11 @@ void TcpStoreServer::Impl::release_bound_keys(Connection& c) {
   log_->debug("connection from {} closed: deleted its {} bound keys", c.peer(), keys.size());
 }
 
-void TcpStoreServer::Impl::wake(const std::string& key) {
+void TcpStoreServer::Impl::wake(std::string_view key_view) {
   if (waiters_.empty()) return;  // the common case: no hash of the key
-  auto it = waiters_.find(key);
+  auto it = waiters_.find(key_view);
   if (it == waiters_.end()) return;
+  std::string key(key_view);
   stats_.waiter_entries_examined += it->second.size();
   // Hold every waiter: a reply that fails to send closes its connection,
   // and a connection can appear more than once in the list.
@@ -625,9 +778,10 @@ void TcpStoreServer::Impl::wake(const std::string& key) {
   for (auto& c : list) c->key_arrived(key);
 }
 
-void TcpStoreServer::Impl::wake_one(const std::string& key) {
-  auto it = waiters_.find(key);
+void TcpStoreServer::Impl::wake_one(std::string_view key_view) {
+  auto it = waiters_.find(key_view);
   if (it == waiters_.end()) return;
+  std::string key(key_view);
   ++stats_.waiter_entries_examined;
   auto c = it->second.front()->shared_from_this();
   it->second.erase(it->second.begin());
@@ -635,7 +789,7 @@ void TcpStoreServer::Impl::wake_one(const std::string& key) {
   c->key_arrived(key);
 }
 
-void TcpStoreServer::Impl::notify_watchers(const std::string& key, protocol::WatchResponse kind,
+void TcpStoreServer::Impl::notify_watchers(std::string_view key, protocol::WatchResponse kind,
                                            std::string_view old_value, std::string_view new_value) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
@@ -659,25 +813,27 @@ void TcpStoreServer::Impl::notify_watchers(const std::string& key, protocol::Wat
   }
 }
 
-void TcpStoreServer::Impl::store_value(const std::string& key, std::string value) {
+void TcpStoreServer::Impl::store_value(std::string_view key, std::string_view value) {
   auto it = kv_.find(key);
-  if (it == kv_.end() && current_ && current_->binds_keys_ && !current_->closed()) {
-    key_owner_[key] = current_;
-    current_->bound_keys_.insert(key);
-    erase_key(key + protocol::kGoneSuffix);
-  }
-  if (!watchers_.empty() && watchers_.count(key)) {
-    // Only v113 clients watch; keep the old value for their event.
-    std::string old = it == kv_.end() ? std::string() : it->second;
-    bool created = it == kv_.end();
-    kv_[key] = std::move(value);
-    notify_watchers(
-        key, created ? protocol::WatchResponse::kKeyCreated : protocol::WatchResponse::kKeyUpdated,
-        old, kv_[key]);
-  } else if (it == kv_.end()) {
-    kv_.emplace(key, std::move(value));
+  if (it == kv_.end()) {
+    if (current_ && current_->binds_keys_ && !current_->closed()) {
+      std::string name(key);
+      key_owner_[name] = current_;
+      current_->bound_keys_.insert(name);
+      erase_key(name + protocol::kGoneSuffix);
+    }
+    it = kv_.emplace(std::string(key), std::string(value)).first;
+    // Only v113 clients watch.
+    if (!watchers_.empty()) {
+      notify_watchers(key, protocol::WatchResponse::kKeyCreated, {}, it->second);
+    }
+  } else if (!watchers_.empty() && watchers_.find(key) != watchers_.end()) {
+    std::string old = std::move(it->second);
+    it->second.assign(value.data(), value.size());
+    notify_watchers(key, protocol::WatchResponse::kKeyUpdated, old, it->second);
   } else {
-    it->second = std::move(value);
+    // Into the value's own buffer: a SET of a same-sized value allocates nothing.
+    it->second.assign(value.data(), value.size());
   }
   wake(key);
 }
@@ -724,23 +880,21 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       break;
 
     case Op::kSet: {
-      const std::string& key = key_of(req.key);
-      store_value(key, std::string(req.value));
+      store_value(req.key, req.value);
       return true;
     }
 
     case Op::kCompareSet: {
-      const std::string& key = key_of(req.key);
-      auto it = kv_.find(key);
+      auto it = kv_.find(req.key);
       if (it == kv_.end()) {
         if (req.value.empty()) {
-          store_value(key, std::string(req.value2));
+          store_value(req.key, req.value2);
           protocol::put_bytes(&reply, req.value2);
         } else {
           protocol::put_bytes(&reply, req.value);
         }
       } else if (it->second == req.value) {
-        store_value(key, std::string(req.value2));
+        store_value(req.key, req.value2);
         protocol::put_bytes(&reply, req.value2);
       } else {
         protocol::put_bytes(&reply, it->second);
@@ -749,14 +903,13 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
     }
 
     case Op::kGet: {
-      auto it = kv_.find(key_of(req.key));
+      auto it = kv_.find(req.key);
       protocol::put_bytes(&reply, it == kv_.end() ? std::string_view() : it->second);
       break;
     }
 
     case Op::kAdd: {
-      const std::string& key = key_of(req.key);
-      auto it = kv_.find(key);
+      auto it = kv_.find(req.key);
       int64_t current = 0;
       if (it != kv_.end()) {
         auto parsed = protocol::parse_int64_like_stoll(it->second);
@@ -770,18 +923,21 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       int64_t sum =
           static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.delta));
       protocol::put_i64(&reply, sum);
+      char digits[24];
+      std::string_view text(digits,
+                            std::to_chars(digits, digits + sizeof digits, sum).ptr - digits);
       if (it != kv_.end() && watchers_.empty()) {
-        it->second = std::to_string(sum);  // no second lookup: ADD's common case
-        wake(key);
+        it->second.assign(text.data(), text.size());  // no second lookup: ADD's common case
+        wake(req.key);
       } else {
-        store_value(key, std::to_string(sum));
+        store_value(req.key, text);
       }
       return true;
     }
 
     case Op::kCheck: {
       bool all = true;
-      for (auto k : req.keys) all = all && present(key_of(k));
+      for (auto k : req.keys) all = all && present(k);
       protocol::put_u8(&reply, static_cast<uint8_t>(all ? protocol::CheckResponse::kReady
                                                         : protocol::CheckResponse::kNotReady));
       break;
@@ -817,12 +973,11 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
     }
 
     case Op::kDeleteKey:
-      protocol::put_i64(&reply, erase_key(key_of(req.key)) ? 1 : 0);
+      protocol::put_i64(&reply, erase_key(req.key) ? 1 : 0);
       break;
 
     case Op::kAppend: {
-      const std::string& key = key_of(req.key);
-      auto it = kv_.find(key);
+      auto it = kv_.find(req.key);
       size_t old_size = it == kv_.end() ? 0 : it->second.size();
       if (old_size + req.value.size() > options_.limits.max_value_bytes) {
         why->why = "APPEND would grow a value beyond the value size limit";
@@ -830,7 +985,7 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       }
       std::string value = it == kv_.end() ? std::string() : it->second;
       value.append(req.value.data(), req.value.size());
-      store_value(key, std::move(value));
+      store_value(req.key, value);
       return true;
     }
 
@@ -840,7 +995,7 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       size_t total = 0;
       const size_t cap = protocol::request_limit(options_.limits);
       for (auto k : req.keys) {
-        auto it = kv_.find(key_of(k));
+        auto it = kv_.find(k);
         total += 8 + (it == kv_.end() ? 0 : it->second.size());
         if (total > cap) {
           *why = {"MULTI_GET reply larger than the request size limit", k, cap, total};
@@ -849,7 +1004,7 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
       }
       reply.reserve(total);
       for (auto k : req.keys) {
-        auto it = kv_.find(key_of(k));
+        auto it = kv_.find(k);
         protocol::put_bytes(&reply, it == kv_.end() ? std::string_view() : it->second);
       }
       break;
@@ -857,8 +1012,7 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
 
     case Op::kMultiSet:
       for (size_t i = 0; i < req.keys.size(); ++i) {
-        std::string k(req.keys[i]);
-        store_value(k, std::string(req.values[i]));
+        store_value(req.keys[i], req.values[i]);
       }
       return true;
 
@@ -875,7 +1029,7 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
     }
 
     case Op::kQueuePop: {
-      auto it = queues_.find(key_of(req.key));
+      auto it = queues_.find(req.key);
       if (it == queues_.end() || it->second.empty()) {
         protocol::put_i64(&reply, 0);
       } else {
@@ -888,7 +1042,7 @@ bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, 
     }
 
     case Op::kQueueLen: {
-      auto it = queues_.find(key_of(req.key));
+      auto it = queues_.find(req.key);
       protocol::put_i64(&reply, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
       break;
     }

@@ -93,6 +93,9 @@ class TcpStoreServer {
   // `keep_prefixes`; returns how many were removed. Pending waits stay
   // registered. The launcher calls this between attempts so that workers of a
   // new attempt never read keys written by earlier workers.
+  // This and stats() run on the server thread (any thread may call them,
+  // but not a callback of the server's own). After stop() this removes
+  // nothing and stats() returns the final counts.
   size_t erase_keys_except(const std::vector<std::string>& keep_prefixes);
 
   struct Stats {

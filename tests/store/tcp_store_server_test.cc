@@ -302,3 +302,42 @@ TEST_CASE(
   // The server keeps serving others.
   CHECK(TcpStore(o).get("k") == "v");
 }
+
+TEST_CASE(
+    "TcpStoreServer: calls from other threads run while clients are served and still answer "
+    "after stop",
+    "[net]") {
+  // The server thread takes no lock: other threads reach it only through its
+  // mailbox (an eventfd). Many calls racing with client traffic must all
+  // run, none lost (a lost wake-up would hang this test), and a call after
+  // stop() must not wait for a thread that is gone.
+  auto server = local_server();
+  constexpr int kClientRequests = 2000;
+  std::atomic<bool> client_ok{true};
+  std::thread client([&] {
+    RawClient c(server->port());
+    for (int i = 0; i < kClientRequests && client_ok; ++i) {
+      c.send(wire::op(Dialect::kV113, Op::kAdd) + wire::str("/n") + i64(1));
+      if (c.recv(8, kReply) != i64(i + 1)) client_ok = false;
+    }
+  });
+  std::vector<std::thread> callers;
+  std::atomic<int> calls{0};
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 300; ++i) {
+        (void)server->stats();
+        ++calls;
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  client.join();
+  CHECK(client_ok);
+  CHECK(calls == 1200);
+  CHECK(server->stats().requests >= static_cast<uint64_t>(kClientRequests));
+  server->stop();
+  // After stop() the thread is gone: both answer on the caller's thread.
+  CHECK(server->stats().requests >= static_cast<uint64_t>(kClientRequests));
+  CHECK(server->erase_keys_except({"/none/"}) == 0);
+}
