@@ -203,13 +203,95 @@ bool detect_dialect(const char* data, size_t size, Dialect* dialect, size_t* nee
   return true;
 }
 
+// request_limit()'s least value when max_request_bytes is 0.
+constexpr size_t kRequestLimitFloor = (64u << 20) + (1u << 20);
+
 }  // namespace
 
 size_t request_limit(const Limits& limits) {
   if (limits.max_request_bytes > 0) return limits.max_request_bytes;
-  constexpr size_t kFloor = (64u << 20) + (1u << 20);
+  constexpr size_t kFloor = kRequestLimitFloor;
   size_t twice = limits.max_value_bytes > SIZE_MAX / 2 ? SIZE_MAX : 2 * limits.max_value_bytes;
   return std::max(twice, kFloor);
+}
+
+bool parse_common_request(Dialect dialect, const char* data, size_t size, const Limits& limits,
+                          Request* out, size_t* used) {
+  if (size < 9) return false;
+  const auto code = static_cast<uint8_t>(data[0]);
+  Op op;
+  if (dialect == Dialect::kV113) {
+    if (code >= std::size(kV113Ops)) return false;
+    op = kV113Ops[code];
+  } else {
+    if (code >= std::size(kV2Ops)) return false;
+    op = kV2Ops[code];
+  }
+  const size_t cap = limits.max_request_bytes > 0 ? limits.max_request_bytes : kRequestLimitFloor;
+  if (op == Op::kCheck || op == Op::kWait || op == Op::kMultiGet || op == Op::kMultiSet) {
+    // A few keys only: a long request that arrives in pieces must keep the
+    // Reader's resumption (each piece parsed once), not be rescanned here.
+    constexpr uint64_t kMaxSimpleKeys = 8;
+    const uint64_t n = read_u64(data + 1);
+    if (n > kMaxSimpleKeys || n > limits.max_keys_per_op) return false;
+    const bool with_values = op == Op::kMultiSet;
+    out->keys.clear();
+    out->values.clear();
+    size_t pos = 9;
+    for (uint64_t i = 0; i < n; ++i) {
+      for (int field = 0; field < (with_values ? 2 : 1); ++field) {
+        if (size - pos < 8) return false;
+        const uint64_t len = read_u64(data + pos);
+        pos += 8;
+        if (len > (field == 0 ? limits.max_key_bytes : limits.max_value_bytes) ||
+            len > size - pos) {
+          return false;
+        }
+        (field == 0 ? out->keys : out->values).emplace_back(data + pos, static_cast<size_t>(len));
+        pos += static_cast<size_t>(len);
+      }
+    }
+    if (pos > cap) return false;
+    out->op = op;
+    *used = pos;
+    return true;
+  }
+  const uint64_t key_size = read_u64(data + 1);
+  if (key_size > limits.max_key_bytes || key_size > size - 9) return false;
+  size_t pos = 9 + static_cast<size_t>(key_size);
+  switch (op) {
+    case Op::kGet:
+    case Op::kWatchKey:
+    case Op::kDeleteKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen:
+      break;
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kQueuePush: {
+      if (size - pos < 8) return false;
+      const uint64_t value_size = read_u64(data + pos);
+      pos += 8;
+      if (value_size > limits.max_value_bytes || value_size > size - pos) return false;
+      out->value = std::string_view(data + pos, static_cast<size_t>(value_size));
+      pos += static_cast<size_t>(value_size);
+      break;
+    }
+    case Op::kAdd:
+      if (size - pos < 8) return false;
+      out->delta = static_cast<int64_t>(read_u64(data + pos));
+      pos += 8;
+      break;
+    default:
+      return false;
+  }
+  if (pos > cap) return false;
+  out->op = op;
+  out->key = std::string_view(data + 9, static_cast<size_t>(key_size));
+  out->keys.clear();
+  out->values.clear();
+  *used = pos;
+  return true;
 }
 
 std::optional<Op> decode_opcode(Dialect dialect, uint8_t code) {
@@ -241,6 +323,12 @@ ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const
       result.size = need;
       return result;
     }
+  }
+
+  if (out->resume_pos == 0 &&
+      parse_common_request(*dialect, data, size, limits, out, &result.size)) {
+    result.status = ParseStatus::kComplete;
+    return result;
   }
 
   Reader r(data, size, limits);
@@ -349,6 +437,15 @@ ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const
 }
 
 std::optional<int64_t> parse_int64_like_stoll(std::string_view s) {
+  // The common case, a counter the store wrote itself: 1 to 18 digits, which
+  // cannot overflow.
+  if (!s.empty() && s.size() <= 18) {
+    int64_t v = 0;
+    size_t k = 0;
+    for (; k < s.size() && static_cast<unsigned char>(s[k] - '0') < 10; ++k)
+      v = v * 10 + (s[k] - '0');
+    if (k == s.size()) return v;
+  }
   size_t i = 0;
   while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\v' ||
                           s[i] == '\f' || s[i] == '\r')) {
@@ -372,23 +469,6 @@ std::optional<int64_t> parse_int64_like_stoll(std::string_view s) {
   if (negative) return value;
   if (value == kMin) return std::nullopt;
   return -value;
-}
-
-void put_u32(std::string* out, uint32_t v) {
-  char b[4];
-  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 4);
-}
-
-void put_u64(std::string* out, uint64_t v) {
-  char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 8);
-}
-
-void put_bytes(std::string* out, std::string_view bytes) {
-  put_u64(out, bytes.size());
-  out->append(bytes.data(), bytes.size());
 }
 
 }  // namespace ctorchrun::store::protocol

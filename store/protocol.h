@@ -190,6 +190,16 @@ struct ParseResult {
 ParseResult parse_request(Dialect* dialect, const char* data, size_t size, const Limits& limits,
                           Request* out);
 
+// parse_request's fast path, which a server may call first: true, with
+// *used set to the request's size, when data[0, size) starts with a whole GET,
+// SET, ADD, another single-key request, or a CHECK, WAIT, MULTI_GET or
+// MULTI_SET of a few keys, within every limit; `out` then holds it as
+// parse_request would. False for anything else (a partial request, a limit
+// passed, many keys, an unknown opcode): call parse_request, which parses or
+// reports it. `dialect` must be known and `out` hold no progress.
+bool parse_common_request(Dialect dialect, const char* data, size_t size, const Limits& limits,
+                          Request* out, size_t* used);
+
 inline void reset_progress(Request* r) {
   r->resume_pos = 0;
   r->key_spans.clear();
@@ -201,12 +211,25 @@ inline void reset_progress(Request* r) {
 // nullopt when there are no digits or the number does not fit in int64.
 std::optional<int64_t> parse_int64_like_stoll(std::string_view s);
 
-// Appending encoders, used for requests (client) and replies (server).
+// Appending encoders, used for requests (client) and replies (server);
+// little-endian, as torch's stores write them. Inline: a reply is built of
+// these on the server's per-request path.
 inline void put_u8(std::string* out, uint8_t v) { out->push_back(static_cast<char>(v)); }
-void put_u32(std::string* out, uint32_t v);
-void put_u64(std::string* out, uint64_t v);
+inline void put_u32(std::string* out, uint32_t v) {
+  char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 4);
+}
+inline void put_u64(std::string* out, uint64_t v) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 8);
+}
 inline void put_i64(std::string* out, int64_t v) { put_u64(out, static_cast<uint64_t>(v)); }
-void put_bytes(std::string* out, std::string_view bytes);
+inline void put_bytes(std::string* out, std::string_view bytes) {
+  put_u64(out, bytes.size());
+  out->append(bytes.data(), bytes.size());
+}
 
 inline uint32_t read_u32(const char* p) {
   uint32_t v;

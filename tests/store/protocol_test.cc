@@ -278,7 +278,71 @@ TEST_CASE("protocol: unknown opcodes are errors", "[unit]") {
   CHECK(parse_request(&d, wire.data(), wire.size(), limits, &req).status == ParseStatus::kError);
 }
 
+TEST_CASE("protocol: the fast path and the full parser agree at every limit and key count",
+          "[unit]") {
+  // parse_common_request takes whole requests within the limits and leaves
+  // the rest to parse_request; at each boundary both must give one answer.
+  Limits limits;
+  limits.max_key_bytes = 16;
+  limits.max_value_bytes = 32;
+  limits.max_keys_per_op = 12;
+  for (Dialect d : {Dialect::kV113, Dialect::kV2}) {
+    INFO("dialect " << to_string(d));
+    limits.max_request_bytes = 64;
+    auto parse = [&](const std::string& wire, Request* req) {
+      Dialect dd = d;
+      return parse_request(&dd, wire.data(), wire.size(), limits, req);
+    };
+    Request req;
+    // Key and value exactly at their limits: 1 + 8 + 16 + 8 + 32 = 65 bytes,
+    // one over the request limit, so the request limit refuses it.
+    CHECK(parse(op_byte(d, Op::kSet) + bytes(std::string(16, 'k')) + bytes(std::string(32, 'v')),
+                &req)
+              .status == ParseStatus::kError);
+    // One byte less is within every limit.
+    const std::string set =
+        op_byte(d, Op::kSet) + bytes(std::string(16, 'k')) + bytes(std::string(31, 'v'));
+    auto ok = parse(set, &req);
+    CHECK(ok.status == ParseStatus::kComplete);
+    CHECK(ok.size == 64);
+    CHECK(req.key == std::string(16, 'k'));
+    CHECK(req.value == std::string(31, 'v'));
+    // The fast path alone refuses what the full parser reports.
+    size_t used = 0;
+    const std::string over = op_byte(d, Op::kGet) + bytes(std::string(17, 'k'));
+    CHECK_FALSE(parse_common_request(d, over.data(), over.size(), limits, &req, &used));
+    CHECK(parse(over, &req).status == ParseStatus::kError);
+    // CHECK of 1 to 12 keys: the fast path takes a few, the Reader the rest;
+    // both fill `keys` alike, and every strict prefix needs more.
+    limits.max_request_bytes = 0;
+    for (uint64_t n = 1; n <= 12; ++n) {
+      INFO(n << " keys");
+      std::string wire = op_byte(d, Op::kCheck) + u64(n);
+      for (uint64_t i = 0; i < n; ++i) wire += bytes(std::to_string(i));
+      Request r;
+      auto whole = parse(wire, &r);
+      REQUIRE(whole.status == ParseStatus::kComplete);
+      CHECK(whole.size == wire.size());
+      REQUIRE(r.keys.size() == n);
+      for (uint64_t i = 0; i < n; ++i) CHECK(r.keys[i] == std::to_string(i));
+      Request partial;
+      for (size_t cut = 1; cut < wire.size(); ++cut) {
+        CHECK(parse(wire.substr(0, cut), &partial).status == ParseStatus::kNeedMore);
+      }
+      CHECK(parse(wire, &partial).status == ParseStatus::kComplete);
+      CHECK(partial.keys == r.keys);
+    }
+    // Thirteen keys: over max_keys_per_op on either path.
+    CHECK(parse(op_byte(d, Op::kWait) + u64(13), &req).status == ParseStatus::kError);
+  }
+}
+
 TEST_CASE("protocol: ADD parses stored values like C's stoll", "[unit]") {
+  // Plain digits (the fast path) up to 18 of them, and past it.
+  CHECK(parse_int64_like_stoll("0") == 0);
+  CHECK(parse_int64_like_stoll("007") == 7);
+  CHECK(parse_int64_like_stoll("999999999999999999") == 999999999999999999);
+  CHECK(parse_int64_like_stoll("1000000000000000000") == 1000000000000000000);
   CHECK(parse_int64_like_stoll("12abc") == 12);
   CHECK(parse_int64_like_stoll(" 7") == 7);
   CHECK(parse_int64_like_stoll("\t\n-3") == -3);
