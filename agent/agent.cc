@@ -1040,9 +1040,11 @@ void ElasticAgent::Impl::start_workers(int k) {
     workers_running_ = true;
   }
   std::vector<pid_t> pids;
+  timer_workers_->starting();
   try {
     pids = launcher_.start(specs);
   } catch (const IoError& e) {
+    timer_workers_->set_workers({});
     // The others must not wait for workers that never start.
     FailureRecord f;
     f.rank = base_rank_;

@@ -234,7 +234,7 @@ bool FileTimerTable::apply(const FileTimerRequest& r) {
   return true;
 }
 
-std::vector<FileTimerTable::Expired> FileTimerTable::take_expired(double now) {
+std::vector<FileTimerTable::Expired> FileTimerTable::expired(double now) const {
   std::map<pid_t, std::vector<const FileTimerRequest*>> by_pid;
   for (const auto& [key, r] : timers_) {
     if (r.expiration_time <= now) by_pid[key.first].push_back(&r);
@@ -252,13 +252,14 @@ std::vector<FileTimerTable::Expired> FileTimerTable::take_expired(double now) {
     }
     out.push_back(std::move(e));
   }
-  for (const auto& e : out) {
-    auto first = timers_.lower_bound({e.pid, std::string()});
-    auto last = first;
-    while (last != timers_.end() && last->first.first == e.pid) ++last;
-    timers_.erase(first, last);
-  }
   return out;
+}
+
+void FileTimerTable::remove_pid(pid_t pid) {
+  auto first = timers_.lower_bound({pid, std::string()});
+  auto last = first;
+  while (last != timers_.end() && last->first.first == pid) ++last;
+  timers_.erase(first, last);
 }
 
 size_t FileTimerTable::drop_if(const std::function<bool(pid_t)>& gone) {
@@ -305,9 +306,15 @@ bool in_process_tree(pid_t pid, const std::vector<pid_t>& roots, const std::stri
   return false;
 }
 
+void WorkerProcesses::starting() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  starting_ = true;
+}
+
 void WorkerProcesses::set_workers(std::vector<pid_t> pids) {
   std::lock_guard<std::mutex> lock(mutex_);
   workers_ = std::move(pids);
+  starting_ = false;
 }
 
 int WorkerProcesses::local_rank_of(pid_t pid) const {
@@ -336,7 +343,8 @@ ProcessAccess::SignalResult WorkerProcesses::signal_if_permitted(pid_t pid, int 
   const bool pinned = fd >= 0;
   if (!permitted(pid)) {
     if (pinned) ::close(fd);
-    return SignalResult::kNotPermitted;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return starting_ ? SignalResult::kNotYet : SignalResult::kNotPermitted;
   }
   const int rc = pinned ? pidfd_send_signal(fd, sig) : ::kill(pid, sig);
   const int err = errno;
@@ -538,11 +546,12 @@ void FileTimerServer::reap() {
   std::vector<FileTimerTable::Expired> expired;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    expired = table_.take_expired(now());
+    expired = table_.expired(now());
   }
   auto log = get_logger("agent");
   for (const auto& e : expired) {
     bool killed = false;
+    bool deferred = false;
     const std::string scopes = scope_list(e.scopes);
     if (e.signal <= 0) {
       log->info("file timer: pid {} timer expired ({}) with no signal to send: not killed", e.pid,
@@ -573,11 +582,19 @@ void FileTimerServer::reap() {
               "agent nor a descendant of one: not signalled",
               e.pid, scopes);
           break;
+        case ProcessAccess::SignalResult::kNotYet:
+          deferred = true;
+          break;
         case ProcessAccess::SignalResult::kFailed:
           log->error("file timer: pid {} timer expired ({}); sending {} failed: {}", e.pid, scopes,
                      worker::signal_name(e.signal), error);
           break;
       }
+    }
+    if (deferred) continue;  // the timers stay: the next pass asks again
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      table_.remove_pid(e.pid);
     }
     if (options_.on_expired) {
       try {

@@ -112,9 +112,11 @@ class FileTimerTable {
   // Sets or (negative expiration) releases the timer of (pid, scope_id).
   // False when a new timer would exceed the bound: it is not kept.
   bool apply(const FileTimerRequest& r);
-  // Every pid with a timer expired at `now` (expiration <= now), each once;
-  // all timers of those pids are removed, expired or not (torch's rule).
-  std::vector<Expired> take_expired(double now);
+  // Every pid with a timer expired at `now` (expiration <= now), each once.
+  std::vector<Expired> expired(double now) const;
+  // Removes every timer of `pid`, expired or not (torch's rule once a pid is
+  // reaped).
+  void remove_pid(pid_t pid);
   // Removes the timers of pids for which `gone` is true; returns how many.
   size_t drop_if(const std::function<bool(pid_t)>& gone);
   size_t size() const { return timers_.size(); }
@@ -142,6 +144,7 @@ class ProcessAccess {
     kGone,          // no such process (nothing to do)
     kNotPermitted,  // not a worker of this agent nor a descendant: untouched
     kFailed,        // permitted, but the signal could not be sent (`*error`)
+    kNotYet,        // not known yet while workers start: asked again later
   };
   virtual ~ProcessAccess() = default;
   // True when `pid` exists (ESRCH is the only "no").
@@ -156,6 +159,10 @@ class ProcessAccess {
 // Thread-safe.
 class WorkerProcesses : public ProcessAccess {
  public:
+  // Workers are being started: until set_workers, a pid that is not known
+  // is kNotYet rather than kNotPermitted (a worker may write its request
+  // before the agent learns its pid).
+  void starting();
   void set_workers(std::vector<pid_t> pids);
   // The local rank of a worker pid (its index in the last set_workers), or -1.
   int local_rank_of(pid_t pid) const;
@@ -166,6 +173,7 @@ class WorkerProcesses : public ProcessAccess {
   bool permitted(pid_t pid) const;
   mutable std::mutex mutex_;
   std::vector<pid_t> workers_;
+  bool starting_ = false;
 };
 
 struct FileTimerStats {

@@ -57,11 +57,29 @@ class FakeProcesses : public ProcessAccess {
   SignalResult signal_if_permitted(pid_t pid, int sig, std::string*) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (std::find(permitted_.begin(), permitted_.end(), pid) == permitted_.end()) {
+      if (starting_) {
+        ++deferrals_;
+        return SignalResult::kNotYet;
+      }
       refused_.push_back(pid);
       return SignalResult::kNotPermitted;
     }
     sent_.emplace_back(pid, sig);
     return SignalResult::kSent;
+  }
+  // Workers starting: unknown pids are kNotYet until set_workers.
+  void starting() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    starting_ = true;
+  }
+  void set_workers(std::vector<pid_t> pids) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    permitted_ = std::move(pids);
+    starting_ = false;
+  }
+  int deferrals() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return deferrals_;
   }
   void mark_gone(pid_t pid) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -80,6 +98,8 @@ class FakeProcesses : public ProcessAccess {
   std::mutex mutex_;
   std::vector<pid_t> permitted_, gone_, refused_;
   std::vector<std::pair<pid_t, int>> sent_;
+  bool starting_ = false;
+  int deferrals_ = 0;
 };
 
 struct TempPath {
@@ -261,21 +281,24 @@ TEST_CASE("file timer: the table keeps one timer per pid and scope and reaps as 
   REQUIRE(t.apply(req(11, "a", 200, 15)));
   CHECK(t.size() == 3);
   CHECK(*t.next_expiration() == 103);
-  CHECK(t.take_expired(102.9).empty());
+  CHECK(t.expired(102.9).empty());
+  REQUIRE(t.apply(req(10, "c", 900, 15)));
 
   // pid 10: "b" expired first with no signal, then "a" with 9: 9 is used;
-  // every timer of pid 10 goes, pid 11's stays.
-  auto e = t.take_expired(105);
+  // reaped, every timer of pid 10 goes ("c" too), pid 11's stays.
+  auto e = t.expired(105);
   REQUIRE(e.size() == 1);
   CHECK(e[0].pid == 10);
   CHECK(e[0].signal == 9);
   CHECK(e[0].scopes == std::vector<std::string>{"b", "a"});
+  CHECK(t.size() == 4);
+  t.remove_pid(10);
   CHECK(t.size() == 1);
 
   // Released timers never expire.
   REQUIRE(t.apply(req(11, "a", -1, 0)));
   CHECK(t.size() == 0);
-  CHECK(t.take_expired(1e12).empty());
+  CHECK(t.expired(1e12).empty());
 
   // Bounded: a fifth timer is refused, an update of a held one is not.
   for (int i = 0; i < 4; ++i) REQUIRE(t.apply(req(20 + i, "s", 500, 9)));
@@ -371,6 +394,26 @@ TEST_CASE(
   std::lock_guard<std::mutex> lock(m);
   for (const auto& [pid, killed] : reports) CHECK_FALSE(killed);
   CHECK(server.stats().active_timers == 0);
+}
+
+TEST_CASE(
+    "file timer: a worker's timer that expires before the agent knows its pid is reaped "
+    "once it does",
+    "[unit]") {
+  TempPath tmp;
+  ManualClock clock;
+  auto procs = std::make_shared<FakeProcesses>(std::vector<pid_t>{});
+  FileTimerServer server(test_options(tmp.path, clock), procs);
+  procs->starting();  // the agent spawns workers; their pids are not known yet
+  send(tmp.path,
+       torch_line(4100, "early", 10, 9) + "\n" + torch_line(4200, "stranger", 10, 9) + "\n");
+  REQUIRE(eventually([&] { return procs->deferrals() >= 6; }));  // asked again, pass by pass
+  CHECK(procs->sent().empty());
+  CHECK(server.stats().active_timers == 2);
+  procs->set_workers({4100});
+  REQUIRE(eventually([&] { return server.stats().active_timers == 0; }));
+  CHECK(procs->sent() == std::vector<std::pair<pid_t, int>>{{4100, 9}});
+  CHECK(procs->refused() == std::vector<pid_t>{4200});
 }
 
 TEST_CASE("file timer: timers of processes that exited are forgotten", "[unit]") {

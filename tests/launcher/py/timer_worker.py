@@ -38,8 +38,8 @@ def main():
     path = os.environ["TORCHELASTIC_TIMER_FILE"]
     configure(FileTimerClient(path))
     stuck = rank == a.rank and attempt < a.stuck_attempts
-    print(f"timer_worker rank={rank} attempt={attempt} pid={os.getpid()} stuck={stuck}",
-          flush=True)
+    print(f"timer_worker rank={rank} attempt={attempt} pid={os.getpid()} stuck={stuck} "
+          f"timer_file={path}", flush=True)
     if a.record:
         with open(os.path.join(a.record, f"attempt{attempt}_rank{rank}"), "w") as f:
             f.write(str(os.getpid()))
