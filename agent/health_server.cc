@@ -5,6 +5,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cctype>
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -111,10 +112,15 @@ std::string HealthStatus::to_json(std::chrono::system_clock::time_point now) con
 
 namespace {
 
+class Connection;
+
 struct Shared {
   HealthServerOptions options;
   std::shared_ptr<const HealthStatus> status;
   std::atomic<size_t> active{0};
+  // Connections in the order they came, oldest first (the server's thread
+  // alone touches it): past the bound the oldest makes room.
+  std::deque<std::weak_ptr<Connection>> live;
 };
 
 // One client: read a request head (bounded in size and time), answer once,
@@ -127,6 +133,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ++shared_->active;
   }
   ~Connection() { --shared_->active; }
+
+  // Closes the connection now (to make room for a newer one).
+  void evict() { close(); }
 
   void start() {
     timer_.expires_after(shared_->options.read_timeout);
@@ -276,12 +285,24 @@ class HealthServer::Impl {
         });
         return;
       }
-      if (shared_->active.load() >= shared_->options.max_connections) {
-        boost::system::error_code ignored;
-        socket.close(ignored);
-      } else {
-        std::make_shared<Connection>(std::move(socket), shared_)->start();
+      // Past the bound the oldest connection goes, not the new one: a client
+      // holding many slow connections cannot lock others out; a well-behaved
+      // client's request is answered the moment it arrives, so the oldest is
+      // the slowest.
+      auto& live = shared_->live;
+      while (!live.empty() && live.front().expired()) live.pop_front();
+      size_t open = 0;
+      for (const auto& w : live) open += w.expired() ? 0 : 1;
+      while (open >= shared_->options.max_connections && !live.empty()) {
+        if (auto oldest = live.front().lock()) {
+          oldest->evict();
+          --open;
+        }
+        live.pop_front();
       }
+      auto c = std::make_shared<Connection>(std::move(socket), shared_);
+      live.push_back(c);
+      c->start();
       accept();
     });
   }

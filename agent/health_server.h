@@ -26,8 +26,10 @@
 // Every client is on its own: a request must arrive whole (at most
 // max_request_bytes of head) within read_timeout of the connection, else the
 // connection is closed (431 for a head too large); one answer per connection.
-// At most max_connections are served at once; more are closed at once. The
-// server runs on a thread of its own and never blocks the agent.
+// At most max_connections are open at once: a new one past the bound closes
+// the oldest (a well-behaved client is answered as soon as its request
+// arrives, so the oldest is the slowest). The server runs on a thread of its
+// own and never blocks the agent.
 
 #include <chrono>
 #include <cstddef>
