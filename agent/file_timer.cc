@@ -458,7 +458,13 @@ void FileTimerServer::loop() {
         std::this_thread::sleep_for(options_.interval);
       }
       if (n > 0 && fds[1].revents != 0) return;
-      if (n > 0 && fds[0].revents != 0) read_pipe();
+      if (n > 0 && (fds[0].revents & (POLLERR | POLLNVAL)) != 0) {
+        // Cannot happen while we hold both ends; never spin on it.
+        log->error("file timer: the pipe '{}' reports an error", options_.path);
+        std::this_thread::sleep_for(options_.interval);
+      } else if (n > 0 && fds[0].revents != 0) {
+        read_pipe();
+      }
       pass();
     } catch (const std::exception& e) {
       // The thread's boundary: a request that breaks a pass is lost, the

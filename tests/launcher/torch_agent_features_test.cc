@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -177,4 +178,20 @@ TEST_CASE("ctorchrun: a health check port already taken leaves the job running w
   CHECK(r.exit_code == 0);
   CHECK(count_lines_with(r.output, "without a health check") == 1);
   CHECK(r.output.find(std::to_string(port)) != std::string::npos);
+}
+
+TEST_CASE(
+    "ctorchrun: TORCHELASTIC_TIMER_FILE naming a file that is no pipe is a usage error and "
+    "the file stays",
+    "[multiproc]") {
+  TempDir d;
+  const std::string path = d.file("notes.txt");
+  { std::ofstream(path) << "keep me"; }
+  auto r = run_ctorchrun(
+      {"--nproc_per_node=1", "--no_python", "/bin/true"},
+      {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", path}}, 60s);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("is not a named pipe") != std::string::npos);
+  CHECK(read_file(path) == "keep me");
 }
