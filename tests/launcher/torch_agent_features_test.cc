@@ -195,3 +195,17 @@ TEST_CASE(
   CHECK(r.output.find("is not a named pipe") != std::string::npos);
   CHECK(read_file(path) == "keep me");
 }
+
+TEST_CASE("ctorchrun: the file timer's pipe goes when the launcher is stopped by SIGTERM",
+          "[multiproc]") {
+  TempDir d;
+  const std::string pipe = d.file("timer.pipe");
+  auto p =
+      start_ctorchrun(concat({"--nproc_per_node=1"}, sh("sleep 60")),
+                      {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", pipe}});
+  REQUIRE(wait_for_line(*p, "started 1 workers", 30s));
+  CHECK(file_exists(pipe));
+  p->signal(SIGTERM);
+  CHECK(p->exit_code(30s) == 143);
+  CHECK_FALSE(file_exists(pipe));
+}
