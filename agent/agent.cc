@@ -16,6 +16,8 @@
 #include <thread>
 
 #include "agent/failure_summary.h"
+#include "agent/file_timer.h"
+#include "agent/health_server.h"
 #include "agent/job_monitor.h"
 #include "agent/protocol.h"
 #include "agent/restart_budget.h"
@@ -307,6 +309,15 @@ class ElasticAgent::Impl {
   // and the NUMA nodes whose memory it prefers (empty: memory policy unavailable).
   std::vector<std::vector<int>> numa_memory_;
   std::optional<std::pair<int, int>> torch_version_;
+  // torch's agent features (agent/file_timer.h, agent/health_server.h):
+  // started by start_torch_agent_features() from the launcher's environment.
+  // health_ always exists, so that any part of the agent (the stall
+  // detection's set_last_progress) may report to it.
+  std::shared_ptr<HealthStatus> health_ = std::make_shared<HealthStatus>();
+  std::shared_ptr<WorkerProcesses> timer_workers_ = std::make_shared<WorkerProcesses>();
+  std::shared_ptr<FileTimerServer> file_timer_;
+  std::unique_ptr<HealthServer> health_server_;
+  void start_torch_agent_features();
 };
 
 void ElasticAgent::Impl::on_signal(int sig) {
@@ -323,6 +334,7 @@ void ElasticAgent::Impl::on_signal(int sig) {
   // round forming or running does not wait for it.
   rdzv_.abandon();
   events_.emit("finished", attempt(), {{"exit_code", 128 + sig}, {"signal", signal_name(sig)}});
+  if (file_timer_) file_timer_->remove_pipe();  // _Exit skips the destructor
   if (std::string kept = tidy_log_dir(); !kept.empty()) log_->info("logs kept in {}", kept);
   worker::Console::flush(worker::Console::kExitStall);
   spdlog::shutdown();
@@ -396,6 +408,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     s.local_rank = lr;
     s.argv = substitute_local_rank(c_.entrypoint, lr);
     s.env = build_worker_env(c_.environment, p);
+    if (file_timer_) s.env[kTimerFileEnv] = file_timer_->path();
     s.tee = c_.tee_for(lr);
     s.redirects = c_.redirects_for(lr) & ~s.tee;
     s.stdout_path = dir + "/stdout.log";
@@ -494,6 +507,7 @@ FailureRecord ElasticAgent::Impl::publish_failure(int attempt,
 }
 
 void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
+  health_->set_phase(AgentPhase::kStopping);
   // Always: it also kills what exited workers left behind in their groups.
   auto t0 = Clock::now();
   auto stopped = launcher_.stop(sig, c_.shutdown_timeout);
@@ -827,6 +841,7 @@ std::string ElasticAgent::Impl::tidy_log_dir() {
 }
 
 RunResult ElasticAgent::Impl::finish(int code, std::string message) {
+  health_->set_phase(AgentPhase::kFinished);
   events_.emit("finished", attempt(), {{"exit_code", code}});
   // A temporary log directory goes when it holds no file worth reading (no
   // output was redirected, no error file written); otherwise its path is in
@@ -847,6 +862,7 @@ std::string ElasticAgent::Impl::attempt_dir(int attempt) const {
 
 void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipChange>& change) {
   monitor_.reset();  // the last round's view ends with it
+  health_->set_phase(AgentPhase::kRendezvous);
   try {
     info_ = change ? rdzv_.next_round(*change, attempt()) : rdzv_.next_rendezvous();
   } catch (const rendezvous::JobClosedError& e) {
@@ -1024,9 +1040,11 @@ void ElasticAgent::Impl::start_workers(int k) {
     workers_running_ = true;
   }
   std::vector<pid_t> pids;
+  timer_workers_->starting();
   try {
     pids = launcher_.start(specs);
   } catch (const IoError& e) {
+    timer_workers_->set_workers({});
     // The others must not wait for workers that never start.
     FailureRecord f;
     f.rank = base_rank_;
@@ -1044,6 +1062,9 @@ void ElasticAgent::Impl::start_workers(int k) {
   log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(), base_rank_,
              base_rank_ + c_.nproc_per_node - 1, list);
   events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
+  timer_workers_->set_workers(pids);
+  health_->set_attempt(k);
+  health_->set_phase(AgentPhase::kRunning);
 }
 
 ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
@@ -1160,6 +1181,8 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
         "(restart {}/{})",
         root.rank, root.local_rank, root.node_rank, root.cause(), next, budget_.max());
     events_.emit("restart", next, {{"restart", next}, {"max_restarts", budget_.max()}});
+    health_->set_attempt(next);
+    health_->set_phase(AgentPhase::kRestarting);
     return std::nullopt;
   }
   const bool here = root.node_rank == info_.group_rank;
@@ -1249,6 +1272,11 @@ RunResult ElasticAgent::Impl::run() {
         c_.master_port == 0 ? std::string("<free port>") : std::to_string(c_.master_port),
         c_.run_id, c_.max_restarts, c_.entrypoint_name);
   }
+  try {
+    start_torch_agent_features();
+  } catch (const ConfigError& e) {
+    return finish(kUsage, e.what());
+  }
   // The boundary of the agent: failures of the world become a RunResult, a
   // bug of ours an InternalError for main (exit 70); no worker outlives either.
   try {
@@ -1292,6 +1320,46 @@ RunResult ElasticAgent::Impl::run() {
   } catch (const std::exception& e) {
     stop_workers(SIGKILL, attempt());
     throw InternalError(std::string("agent: ") + e.what());
+  }
+}
+
+void ElasticAgent::Impl::start_torch_agent_features() {
+  health_->set_run_id(c_.run_id);
+  if (auto path = file_timer_path(c_.environment)) {
+    FileTimerOptions o;
+    o.path = *path;
+    o.on_expired = [&events = events_, health = health_, workers = timer_workers_](
+                       const FileTimerTable::Expired& e, bool killed) {
+      events.emit("file_timer_expired", health->attempt(),
+                  {{"pid", e.pid},
+                   {"local_rank", workers->local_rank_of(e.pid)},
+                   {"scopes", e.scopes},
+                   {"signal", e.signal > 0 ? signal_name(e.signal) : std::string()},
+                   {"killed", killed}});
+    };
+    file_timer_ = std::make_shared<FileTimerServer>(std::move(o), timer_workers_);
+    log_->info("file timer: serving torch's FileTimerClient on {} ({}=1)", file_timer_->path(),
+               kEnableFileTimerEnv);
+    health_->set_file_timer(file_timer_->path(),
+                            [server = std::weak_ptr<FileTimerServer>(file_timer_)] {
+                              auto s = server.lock();
+                              return s ? s->stats() : FileTimerStats{};
+                            });
+  }
+  std::string error;
+  if (auto port = health_check_port(c_.environment, &error)) {
+    HealthServerOptions o;
+    o.port = *port;
+    try {
+      health_server_ = std::make_unique<HealthServer>(o, health_);
+      log_->info("health check listening on {}:{} (GET /healthz)", o.host, health_server_->port());
+    } catch (const Error& e) {
+      // As torch's agent, whose health check never stops a job: the job runs
+      // on, and whoever polls the port sees no answer.
+      log_->warn("{}; the job runs without a health check", e.what());
+    }
+  } else if (!error.empty()) {
+    log_->warn("{}; the job runs without a health check", error);
   }
 }
 
