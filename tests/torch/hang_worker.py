@@ -13,6 +13,8 @@ the rank writes DIR/rank<R> and exits 0. MODE decides what goes wrong:
               --long-s seconds (half the ranks' children burn CPU, half do I/O)
   compile     at step 2 every rank spends --long-s seconds of CPU, as a long
               torch.compile would, before its first collective there
+  flood       every rank prints to stdout until the pipe, which nobody
+              reads, is full: each blocks in write(), a hang
   none        nothing
 A watchdog ends the worker after --limit-s seconds whatever happens.
 """
@@ -45,6 +47,12 @@ def write_for(path, seconds):
             time.sleep(0.01)
 
 
+def flood(rank):
+    line = f"rank {rank} " + "x" * 1000
+    while True:
+        print(line)
+
+
 def child_work(kind, seconds, path):
     if kind == "cpu":
         burn(seconds)
@@ -70,7 +78,11 @@ def main():
     for step in range(a.steps):
         if a.mode == "hang" and step == 5 and rank == world - 1 and attempt == 0:
             print(f"rank {rank} sleeps forever at step {step}", flush=True)
+            with open(os.path.join(a.done_dir, "sleep_at"), "w") as f:
+                f.write(f"{time.time()}\n")
             time.sleep(3600)
+        if a.mode == "flood" and step == 1:
+            flood(rank)
         work = a.step_s
         if step == 2:
             if a.mode == "slow" and rank == world - 1:
