@@ -859,6 +859,14 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
       "hang: no worker of the job progressed for {} ms; rank {} (node {}) stalled first; "
       "collecting the stacks of local ranks 0-{}",
       c_.hang_timeout.count(), root.rank, root.node_rank, targets.size() - 1);
+  std::vector<int> ranks;
+  for (int r = 0; r < world_size_; ++r) ranks.push_back(r);
+  events_.emit("hang_detected", k,
+               {{"ranks", ranks},
+                {"first_stalled_rank", root.rank},
+                {"first_stalled_node", root.node_rank},
+                {"timeout_s", c_.hang_timeout.count() / 1000.0}});
+  const auto t0 = Clock::now();
   std::vector<RankFrame> frames = diagnose_hang(targets, o);
   // Every node's frames to the node of the rank that stalled first, which
   // names them all (bounded: a node that cannot answer is left out).
@@ -901,14 +909,12 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
                         ", " + root.host + ", pid " + std::to_string(root.pid) + "); " + grouped +
                         "; stacks in " + run_dir_ + "/" + attempt_dir(k) + "/<local_rank>/hang.txt";
   log_->warn("{}", summary);
-  std::vector<int> ranks;
-  for (int r = 0; r < world_size_; ++r) ranks.push_back(r);
-  events_.emit("hang_detected", k,
-               {{"ranks", ranks},
-                {"first_stalled_rank", root.rank},
-                {"first_stalled_node", root.node_rank},
-                {"timeout_s", c_.hang_timeout.count() / 1000.0},
-                {"frames", grouped}});
+  events_.emit(
+      "hang_diagnosed", k,
+      {{"frames", grouped},
+       {"first_stalled_rank", root.rank},
+       {"diagnosis_ms",
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()}});
   return summary;
 }
 

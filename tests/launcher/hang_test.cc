@@ -140,9 +140,12 @@ TEST_CASE("hang: workers blocked on a stdout pipe nobody reads are found with th
   INFO(err);
   CHECK(contains(err, "in flood at hang_worker.py"));
   CHECK(contains(err, "exitcode  : hang"));
-  auto hung = events(d.file("events.json"), "hang_detected");
-  REQUIRE(hung.size() == 1);
-  CHECK(hung[0]["frames"].get<std::string>().find("ranks 0-1 in flood") != std::string::npos);
+  REQUIRE(events(d.file("events.json"), "hang_detected").size() == 1);
+  auto diagnosed = events(d.file("events.json"), "hang_diagnosed");
+  REQUIRE(diagnosed.size() == 1);
+  CHECK(diagnosed[0]["frames"].get<std::string>().find("ranks 0-1 in flood") != std::string::npos);
+  // The whole diagnosis within its bound.
+  CHECK(diagnosed[0]["diagnosis_ms"].get<int>() <= 10'000);
 }
 
 TEST_CASE("hang: one slow rank while the others wait in all_reduce is no hang", "[torch]") {
