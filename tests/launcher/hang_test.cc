@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -63,18 +64,17 @@ void require_no_hang(const std::string& mode) {
   CHECK(file_exists(d.file("rank1")));
 }
 
-}  // namespace
-
-TEST_CASE("hang: a rank asleep before all_reduce on a 2-node gloo job is named and restarted",
-          "[torch]") {
+// Two agents of a 2 x 2 gloo job in which rank 3 sleeps forever before its
+// step-5 work in attempt 0; `rendezvous(n)` gives node n's rendezvous flags.
+void check_hang_found_and_restarted(
+    const std::function<std::vector<std::string>(int node)>& rendezvous) {
   TempDir d;
-  const std::string port = std::to_string(free_port());
   auto node = [&](int n) {
-    return start_ctorchrun({"--nnodes=2", "--node_rank=" + std::to_string(n), "--nproc_per_node=2",
-                            "--master_port=" + port, "--hang_timeout=5", "--max_restarts=1",
-                            "--log_dir=" + d.file("logs" + std::to_string(n)),
-                            "--events_file=" + d.file("events" + std::to_string(n) + ".json"),
-                            kWorker, "hang", "--done-dir", d.path});
+    return start_ctorchrun(
+        concat(rendezvous(n), {"--nproc_per_node=2", "--hang_timeout=5", "--max_restarts=1",
+                               "--log_dir=" + d.file("logs" + std::to_string(n)),
+                               "--events_file=" + d.file("events" + std::to_string(n) + ".json"),
+                               kWorker, "hang", "--done-dir", d.path}));
   };
   auto n0 = node(0);
   auto n1 = node(1);
@@ -122,6 +122,25 @@ TEST_CASE("hang: a rank asleep before all_reduce on a 2-node gloo job is named a
   for (int r = 0; r < 4; ++r) {
     CHECK(read_file(d.file("rank" + std::to_string(r))) == "attempt 1\n");
   }
+}
+
+}  // namespace
+
+TEST_CASE("hang: a rank asleep before all_reduce on a 2-node gloo job is named and restarted",
+          "[torch]") {
+  const std::string port = std::to_string(free_port());
+  check_hang_found_and_restarted([&](int n) {
+    return std::vector<std::string>{"--nnodes=2", "--node_rank=" + std::to_string(n),
+                                    "--master_port=" + port};
+  });
+}
+
+TEST_CASE("hang: the same hang under the c10d rendezvous is named and restarted", "[torch]") {
+  const std::string port = std::to_string(free_port());
+  check_hang_found_and_restarted([&](int) {
+    return std::vector<std::string>{"--nnodes=2", "--rdzv_backend=c10d",
+                                    "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=hang"};
+  });
 }
 
 TEST_CASE("hang: workers blocked on a stdout pipe nobody reads are found with their stacks",
