@@ -858,7 +858,7 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
   log_->warn(
       "hang: no worker of the job progressed for {} ms; rank {} (node {}) stalled first; "
       "collecting the stacks of local ranks 0-{}",
-      c_.hang_timeout.count(), root.rank, root.node_rank, targets.size() - 1);
+      c_.hang_timeout.count(), root.rank, root.node_rank, pids_.empty() ? 0 : pids_.size() - 1);
   std::vector<int> ranks;
   for (int r = 0; r < world_size_; ++r) ranks.push_back(r);
   events_.emit("hang_detected", k,
@@ -867,6 +867,8 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
                 {"first_stalled_node", root.node_rank},
                 {"timeout_s", c_.hang_timeout.count() / 1000.0}});
   const auto t0 = Clock::now();
+  // 8 s for the stacks, and up to 10 s in all with the exchange below.
+  o.budget = 8s;
   std::vector<RankFrame> frames = diagnose_hang(targets, o);
   // Every node's frames to the node of the rank that stalled first, which
   // names them all (bounded: a node that cannot answer is left out).
@@ -876,7 +878,9 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
     for (const auto& f : frames) mine.push_back({{"rank", f.rank}, {"frame", f.frame}});
     info_.store->set(keys::stacks(k, info_.group_rank), mine.dump());
     if (root.node_rank == info_.group_rank) {
-      const auto deadline = Clock::now() + 3s;
+      // Nodes diagnose at once; one on a busy machine may take its whole
+      // budget.
+      const auto deadline = std::max(t0 + 10s, Clock::now() + 200ms);
       for (int n = 0; n < info_.group_world_size; ++n) {
         if (n == info_.group_rank) continue;
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(

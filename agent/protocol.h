@@ -139,10 +139,10 @@
 //                          every node reports stalled_ms >= timeout it
 //                          compare_sets the failure record with "hang": true
 //                          and the rank whose stall began first. Every node
-//                          then collects its workers' stacks (at most 10 s)
+//                          then collects its workers' stacks (at most 8 s)
 //                          and sets attempt/<k>/stacks/<n>; the node of that
-//                          rank waits up to 3 s for them and prints the
-//                          summary. Then as any failure (3b below).
+//                          rank waits for them until 10 s after the verdict
+//                          and prints the summary. Then as any failure (3b).
 //
 // One attempt k (k = 0 .. max_restarts), on every node:
 //   1. start the local workers (TORCHELASTIC_RESTART_COUNT=k);

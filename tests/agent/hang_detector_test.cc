@@ -44,6 +44,7 @@ struct World {
   std::atomic<int64_t> ms{1'000'000};
   std::mutex mutex;
   std::map<pid_t, uint64_t> ticks;
+  std::map<pid_t, int64_t> sampled_at;  // the clock when each pid was last sampled
   std::shared_ptr<store::HashStore> store = std::make_shared<store::HashStore>();
 
   void progress(pid_t pid) {
@@ -64,6 +65,7 @@ struct World {
     };
     o.sample = [this](pid_t pid, const std::vector<std::string>&) {
       std::lock_guard<std::mutex> lock(mutex);
+      sampled_at[pid] = ms;
       worker::ProgressSample s;
       s.alive = true;
       s.main_thread_ticks = ticks[pid];
@@ -74,8 +76,19 @@ struct World {
   std::function<std::shared_ptr<store::Store>()> connect() {
     return [s = store] { return s; };
   }
-  // Lets the detectors' threads take a few samples at the current time.
-  static void settle() { std::this_thread::sleep_for(60ms); }
+  // Waits until every watched pid was sampled at the current time, then a
+  // little more, so that the detectors acted on those samples.
+  void settle() {
+    const int64_t now = ms;
+    REQUIRE(eventually([&] {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (pid_t p : {100, 101, 200, 201}) {
+        if (sampled_at[p] != now) return false;
+      }
+      return true;
+    }));
+    std::this_thread::sleep_for(20ms);
+  }
 };
 
 }  // namespace
@@ -134,17 +147,17 @@ TEST_CASE("hang: two nodes' detectors declare a hang only once every worker stal
   HangDetector d1(w.connect(), w.options(1, 2));
   d0.watch(0, {{0, 0, 100, {}}, {1, 1, 101, {}}}, hosts);
   d1.watch(0, {{2, 0, 200, {}}, {3, 1, 201, {}}}, hosts);
-  World::settle();
+  w.settle();
   // Rank 3 stalls first; the others move for 2 s more, then stall too.
   for (int i = 0; i < 4; ++i) {
     w.ms += 500;
     for (pid_t p : {100, 101, 200}) w.progress(p);
-    World::settle();
+    w.settle();
   }
   const int64_t last_move = w.ms;
   REQUIRE(eventually([&] { return w.store->check({keys::stall(0, 1)}); }));
   w.ms = last_move + 4'900;
-  World::settle();
+  w.settle();
   CHECK_FALSE(w.store->check({keys::failure(0)}));
   REQUIRE(d1.local_verdict());
   CHECK(d1.local_verdict()->stalled_ms < 5000);
@@ -152,9 +165,9 @@ TEST_CASE("hang: two nodes' detectors declare a hang only once every worker stal
   SECTION("one rank moving on one node is no hang") {
     w.progress(201);
     w.ms = last_move + 8'000;
-    World::settle();
+    w.settle();
     w.ms = last_move + 9'000;
-    World::settle();
+    w.settle();
     CHECK_FALSE(w.store->check({keys::failure(0)}));
   }
   SECTION("every worker still at the timeout is a hang naming rank 3") {
@@ -176,15 +189,16 @@ TEST_CASE("hang: two nodes' detectors declare a hang only once every worker stal
     crash.exit_code = 3;
     w.store->set(keys::failure(0), crash.to_json());
     w.ms = last_move + 6'000;
-    World::settle();
+    w.settle();
     CHECK_FALSE(FailureRecord::from_json(w.store->get(keys::failure(0))).hang);
   }
   SECTION("workers being stopped are not watched: no verdict") {
     d0.unwatch();
     d1.unwatch();
-    World::settle();
+    // Nothing is sampled any more: real time passes instead.
+    std::this_thread::sleep_for(50ms);
     w.ms = last_move + 60'000;
-    World::settle();
+    std::this_thread::sleep_for(100ms);
     CHECK_FALSE(w.store->check({keys::failure(0)}));
   }
 }

@@ -85,28 +85,35 @@ void check_hang_found_and_restarted(
   INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
   CHECK(n0->exit_code(10s) == 0);
   CHECK(n1->exit_code(10s) == 0);
+  // The agent that holds ranks 2-3 (group rank 1: under c10d the rendezvous
+  // decides which).
+  const int g1 = contains(out0, "group_rank=1 ") ? 0 : 1;
+  REQUIRE(contains(g1 == 0 ? out0 : out1, "group_rank=1 "));
+  const std::string& out_g1 = g1 == 0 ? out0 : out1;
+  const std::string g1_name = std::to_string(g1);
+  const std::string g0_name = std::to_string(1 - g1);
   // Found within the timeout + 2 s of rank 3 falling asleep.
-  auto hung = events(d.file("events1.json"), "hang_detected");
+  auto hung = events(d.file("events" + g1_name + ".json"), "hang_detected");
   REQUIRE(hung.size() == 1);
   CHECK(hung[0]["first_stalled_rank"] == 3);
   CHECK(hung[0]["ranks"] == nlohmann::json({0, 1, 2, 3}));
   CHECK(hung[0]["timeout_s"] == 5.0);
-  REQUIRE(events(d.file("events0.json"), "hang_detected").size() == 1);
+  REQUIRE(events(d.file("events" + g0_name + ".json"), "hang_detected").size() == 1);
   const double slept_at = std::stod(read_file(d.file("sleep_at")));
   const double found_after = event_time(hung[0]) - slept_at;
   CHECK(found_after >= 5.0);
   CHECK(found_after <= 7.0);
   // The node of rank 3 names every rank's frame, grouped.
-  CHECK(contains(out1, "first stalled: rank 3 (node 1"));
-  CHECK(contains(out1, "ranks 0-2 in all_reduce at distributed_c10d.py"));
-  CHECK(contains(out1, "rank 3 in main at hang_worker.py"));
-  CHECK(contains(out1, "time.sleep(3600)"));
-  CHECK(contains(out1, "failed with hang; restarting"));
-  CHECK_FALSE(contains(out1, "failed with signal"));
+  CHECK(contains(out_g1, "first stalled: rank 3 (node 1"));
+  CHECK(contains(out_g1, "ranks 0-2 in all_reduce at distributed_c10d.py"));
+  CHECK(contains(out_g1, "rank 3 in main at hang_worker.py"));
+  CHECK(contains(out_g1, "time.sleep(3600)"));
+  CHECK(contains(out_g1, "failed with hang; restarting"));
+  CHECK_FALSE(contains(out_g1, "failed with signal"));
   // Stacks on disk, native ones too where eu-stack is installed.
   auto restarts = events(d.file("events0.json"), "restart");
   CHECK(restarts.size() == 1);
-  const std::string logs1 = d.file("logs1");
+  const std::string logs1 = d.file("logs" + g1_name);
   std::string hang_txt;
   for (const auto& e : std::filesystem::recursive_directory_iterator(logs1)) {
     if (e.path().filename() == "hang.txt" && e.path().parent_path().filename() == "1" &&
