@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "tests/launcher/launcher_support.h"
+#include "tests/support/etcd_server.h"
 
 using namespace ctorchrun::testing;
 using namespace std::chrono_literals;
@@ -147,6 +148,16 @@ TEST_CASE("hang: the same hang under the c10d rendezvous is named and restarted"
   check_hang_found_and_restarted([&](int) {
     return std::vector<std::string>{"--nnodes=2", "--rdzv_backend=c10d",
                                     "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=hang"};
+  });
+}
+
+TEST_CASE("hang: the same hang under the etcd-v3 rendezvous is named and restarted", "[torch]") {
+  EtcdCluster etcd(1);
+  std::string endpoints;
+  for (const auto& e : etcd.client_endpoints()) endpoints += (endpoints.empty() ? "" : ",") + e;
+  check_hang_found_and_restarted([&](int) {
+    return std::vector<std::string>{"--nnodes=2", "--rdzv_backend=etcd-v3",
+                                    "--rdzv_endpoint=" + endpoints, "--rdzv_id=hang"};
   });
 }
 
