@@ -166,6 +166,7 @@ void HangDetector::loop(const std::shared_ptr<State>& st) {
   SteadyClock::time_point next_publish{};
   bool published_crossing = false;
   bool decided = false;
+  bool warned = false;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(st->mutex);
@@ -180,6 +181,7 @@ void HangDetector::loop(const std::shared_ptr<State>& st) {
         next_publish = o.now();
         published_crossing = false;
         decided = false;
+        warned = false;
       }
     }
     if (workers.empty() || decided) continue;
@@ -251,8 +253,9 @@ void HangDetector::loop(const std::shared_ptr<State>& st) {
       }
     } catch (const ProtocolError& e) {
       // A peer's record we cannot read: no verdict from it (never a false
-      // one); the monitor reports a broken store.
-      log->warn("hang detection: {}", e.what());
+      // one). Said once per attempt, not at every sample.
+      if (!warned) log->warn("hang detection: {}", e.what());
+      warned = true;
     } catch (const Error& e) {
       // The store is the monitor's to declare lost; try again next tick.
       log->debug("hang detection: store request failed: {}", e.what());

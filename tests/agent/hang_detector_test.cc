@@ -231,3 +231,20 @@ TEST_CASE("hang: the innermost frame of the main thread is read from CPython's o
         "ranks 0-2 in a at d.py:1; rank 3 in sleep at w.py:9; rank 5 in an unknown frame");
   CHECK(group_frames({{0, "f"}, {2, "f"}, {3, "f"}}) == "ranks 0,2-3 in f");
 }
+
+TEST_CASE("hang: a peer's unreadable stall record never makes a verdict", "[unit]") {
+  World w;
+  HangDetector d0(w.connect(), w.options(0, 2));
+  d0.watch(0, {{0, 0, 100, {}}, {1, 1, 101, {}}, {2, 2, 200, {}}, {3, 3, 201, {}}}, {"h0", "h1"});
+  w.settle();
+  w.store->set(keys::stall(0, 1), R"({"stalled_ms": "forever", "ranks": []})");
+  w.ms += 10'000;
+  w.settle();
+  w.ms += 1'000;
+  w.settle();
+  CHECK_FALSE(w.store->check({keys::failure(0)}));
+  // A readable record that says node 1 stalled too: the verdict follows.
+  w.store->set(keys::stall(0, 1), stall(1, 9'000, {{4, 0, 300, 1}}).to_json());
+  REQUIRE(eventually([&] { return w.store->check({keys::failure(0)}); }));
+  CHECK(FailureRecord::from_json(w.store->get(keys::failure(0))).rank == 4);
+}
