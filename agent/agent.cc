@@ -17,6 +17,8 @@
 
 #include "agent/failure_summary.h"
 #include "agent/file_timer.h"
+#include "agent/hang_detector.h"
+#include "agent/hang_diagnosis.h"
 #include "agent/health_server.h"
 #include "agent/job_monitor.h"
 #include "agent/protocol.h"
@@ -267,6 +269,10 @@ class ElasticAgent::Impl {
   // directory's path when it is kept (empty otherwise).
   std::string tidy_log_dir();
   RunResult finish(int code, std::string message);
+  // --hang_timeout: this node's part of a hang verdict (agent/hang_diagnosis.h)
+  // before its workers are stopped; the summary line (every rank's frame on
+  // the node of the rank that stalled first, this node's otherwise).
+  std::string report_hang(int attempt, const FailureRecord& root);
 
   const LaunchConfig& c_;
   rendezvous::Handler& rdzv_;
@@ -276,6 +282,8 @@ class ElasticAgent::Impl {
 
   rendezvous::RendezvousInfo info_;
   std::unique_ptr<JobMonitor> monitor_;
+  std::unique_ptr<HangDetector> hang_;                // with --hang_timeout only
+  std::vector<pid_t> pids_;                           // of the workers started last, by local rank
   std::chrono::milliseconds monitor_window_{15'000};  // dead after this long silent
   int base_rank_ = 0;
   int world_size_ = 0;
@@ -411,6 +419,12 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     if (file_timer_) s.env[kTimerFileEnv] = file_timer_->path();
     s.tee = c_.tee_for(lr);
     s.redirects = c_.redirects_for(lr) & ~s.tee;
+    if (c_.hang_timeout.count() > 0) {
+      // The stacks a hang verdict asks for (SIGABRT) are printed by
+      // CPython's faulthandler to fd 2: it must reach a file of ours.
+      s.env.emplace("PYTHONFAULTHANDLER", "1");
+      if (((s.tee | s.redirects) & worker::kStderr) == 0) s.tee |= worker::kStderr;
+    }
     s.stdout_path = dir + "/stdout.log";
     s.stderr_path = dir + "/stderr.log";
     s.prefix = log_line_prefix(c_.log_line_prefix_template, c_.role, p.global_rank, lr);
@@ -452,6 +466,10 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
   size_t succeeded = 0;
   for (;;) {
     auto exits = launcher_.wait(Clock::now() + 1s);
+    // /healthz's last_progress, from the stall detection when it runs.
+    if (hang_) {
+      if (auto t = hang_->last_progress()) health_->set_last_progress(*t);
+    }
     for (const auto& e : exits) {
       nlohmann::json fields = {
           {"local_rank", e.local_rank}, {"rank", base_rank_ + e.local_rank}, {"pid", e.pid}};
@@ -508,6 +526,7 @@ FailureRecord ElasticAgent::Impl::publish_failure(int attempt,
 
 void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
   health_->set_phase(AgentPhase::kStopping);
+  if (hang_) hang_->unwatch();
   // Always: it also kills what exited workers left behind in their groups.
   auto t0 = Clock::now();
   auto stopped = launcher_.stop(sig, c_.shutdown_timeout);
@@ -840,6 +859,87 @@ std::string ElasticAgent::Impl::tidy_log_dir() {
   return temp_log_base_ ? log_base_ : "";
 }
 
+std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
+  auto env = [&](const char* name) {
+    auto it = c_.environment.find(name);
+    return it == c_.environment.end() ? std::string() : it->second;
+  };
+  DiagnosisOptions o =
+      diagnosis_options(env("TORCH_NCCL_TRACE_BUFFER_SIZE"), env("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"),
+                        env("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), env("PATH"));
+  std::vector<DiagnosisTarget> targets;
+  for (size_t lr = 0; lr < pids_.size(); ++lr) {
+    const std::string dir = run_dir_ + "/" + attempt_dir(k) + "/" + std::to_string(lr);
+    targets.push_back({base_rank_ + static_cast<int>(lr), static_cast<int>(lr), pids_[lr], dir,
+                       dir + "/stderr.log"});
+  }
+  log_->warn(
+      "hang: no worker of the job progressed for {} ms; rank {} (node {}) stalled first; "
+      "collecting the stacks of local ranks 0-{}",
+      c_.hang_timeout.count(), root.rank, root.node_rank, pids_.empty() ? 0 : pids_.size() - 1);
+  std::vector<int> ranks;
+  for (int r = 0; r < world_size_; ++r) ranks.push_back(r);
+  events_.emit("hang_detected", k,
+               {{"ranks", ranks},
+                {"first_stalled_rank", root.rank},
+                {"first_stalled_node", root.node_rank},
+                {"timeout_s", c_.hang_timeout.count() / 1000.0}});
+  const auto t0 = Clock::now();
+  // 8 s for the stacks, and up to 10 s in all with the exchange below.
+  o.budget = 8s;
+  std::vector<RankFrame> frames = diagnose_hang(targets, o);
+  // Every node's frames to the node of the rank that stalled first, which
+  // names them all (bounded: a node that cannot answer is left out).
+  std::vector<RankFrame> all = frames;
+  try {
+    nlohmann::json mine = nlohmann::json::array();
+    for (const auto& f : frames) mine.push_back({{"rank", f.rank}, {"frame", f.frame}});
+    info_.store->set(keys::stacks(k, info_.group_rank), mine.dump());
+    if (root.node_rank == info_.group_rank) {
+      // Nodes diagnose at once; one on a busy machine may take its whole
+      // budget.
+      const auto deadline = std::max(t0 + 10s, Clock::now() + 200ms);
+      for (int n = 0; n < info_.group_world_size; ++n) {
+        if (n == info_.group_rank) continue;
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::max(Clock::duration::zero(), deadline - Clock::now()));
+        try {
+          info_.store->wait({keys::stacks(k, n)}, std::max(left, std::chrono::milliseconds(1)));
+        } catch (const TimeoutError&) {
+          continue;
+        }
+        auto j = nlohmann::json::parse(info_.store->get(keys::stacks(k, n)), nullptr, false);
+        if (!j.is_array()) continue;
+        for (const auto& f : j) {
+          if (f.is_object() && f.contains("rank") && f["rank"].is_number_integer() &&
+              f.contains("frame") && f["frame"].is_string()) {
+            all.push_back({f["rank"].get<int>(), f["frame"].get<std::string>()});
+          }
+        }
+      }
+    }
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error& e) {
+    log_->warn("hang: could not exchange the ranks' frames through {}: {}", agents_store(),
+               e.what());
+  }
+  const std::string grouped = group_frames(all);
+  std::string summary = "hang: no worker progressed for " +
+                        std::to_string(c_.hang_timeout.count()) + " ms; first stalled: rank " +
+                        std::to_string(root.rank) + " (node " + std::to_string(root.node_rank) +
+                        ", " + root.host + ", pid " + std::to_string(root.pid) + "); " + grouped +
+                        "; stacks in " + run_dir_ + "/" + attempt_dir(k) + "/<local_rank>/hang.txt";
+  log_->warn("{}", summary);
+  events_.emit(
+      "hang_diagnosed", k,
+      {{"frames", grouped},
+       {"first_stalled_rank", root.rank},
+       {"diagnosis_ms",
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()}});
+  return summary;
+}
+
 RunResult ElasticAgent::Impl::finish(int code, std::string message) {
   health_->set_phase(AgentPhase::kFinished);
   events_.emit("finished", attempt(), {{"exit_code", code}});
@@ -861,6 +961,7 @@ std::string ElasticAgent::Impl::attempt_dir(int attempt) const {
 }
 
 void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipChange>& change) {
+  hang_.reset();
   monitor_.reset();  // the last round's view ends with it
   health_->set_phase(AgentPhase::kRendezvous);
   try {
@@ -968,6 +1069,15 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
   if (elastic()) mo.store_grace = info_.store_grace.value_or(mo.liveness_window());
   monitor_window_ = mo.liveness_window();
   monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
+  if (c_.hang_timeout.count() > 0) {
+    HangOptions ho;
+    ho.timeout = c_.hang_timeout;
+    ho.node = info_.group_rank;
+    ho.nnodes = info_.group_world_size;
+    ho.decides = mo.hosts_store;  // the liveness publisher decides
+    ho.host = host_;
+    hang_ = std::make_unique<HangDetector>(info_.connect, ho);
+  }
 }
 
 std::optional<rendezvous::MembershipChange> ElasticAgent::Impl::loss_change(int attempt) {
@@ -1059,6 +1169,20 @@ void ElasticAgent::Impl::start_workers(int k) {
   }
   std::string list;
   for (size_t i = 0; i < pids.size(); ++i) list += (i ? " " : "") + std::to_string(pids[i]);
+  pids_ = pids;
+  if (hang_) {
+    std::vector<WatchedWorker> watched;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      const auto& s = specs[i];
+      std::vector<std::string> files;
+      if (s.tee & worker::kStdout || s.redirects & worker::kStdout) files.push_back(s.stdout_path);
+      if (s.tee & worker::kStderr || s.redirects & worker::kStderr) files.push_back(s.stderr_path);
+      watched.push_back({base_rank_ + s.local_rank, s.local_rank, pids[i], files});
+    }
+    std::vector<std::string> hosts;
+    for (const auto& n : info_.nodes) hosts.push_back(n.host);
+    hang_->watch(k, std::move(watched), std::move(hosts));
+  }
   log_->info("attempt {}: started {} workers (ranks {}-{}), pids {}", k, pids.size(), base_rank_,
              base_rank_ + c_.nproc_per_node - 1, list);
   events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
@@ -1154,9 +1278,10 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
       break;
   }
   // A failure somewhere in the job: every node stops its workers.
-  const FailureRecord& root = out.root;
+  FailureRecord root = out.root;
   events_.emit("attempt_failed", k,
                {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
+  if (root.hang) root.message = report_hang(k, root);
   stop_workers(SIGTERM, k);
   if (int sig = pending_signal_) {
     leave(true);
@@ -1207,7 +1332,9 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
                e.what());
   }
   RunResult r = finish(kFailed, msg);
-  if (here) r.failures = out.local.empty() ? std::vector<FailureRecord>{root} : out.local;
+  if (here) {
+    r.failures = out.local.empty() || root.hang ? std::vector<FailureRecord>{root} : out.local;
+  }
   return r;
 }
 

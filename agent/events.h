@@ -7,7 +7,10 @@
 //    "node_rank": 0, "attempt": 0, ...event fields}
 //
 // Events: rendezvous, workers_started, worker_exited, attempt_failed, restart,
-// workers_stopped, finished (with exit_code), signal. Thread-safe; a write
+// workers_stopped, finished (with exit_code), signal; with --hang_timeout,
+// hang_detected (ranks, first_stalled_rank, first_stalled_node, timeout_s)
+// at the verdict and hang_diagnosed (frames, first_stalled_rank,
+// diagnosis_ms) once the stacks are collected. Thread-safe; a write
 // failure is logged once and never stops the job.
 
 #include <fstream>

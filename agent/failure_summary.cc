@@ -50,7 +50,8 @@ std::string format_one(size_t idx, const FailureRecord& f) {
      << "  time      : " << format_time(f.timestamp) << "\n"
      << "  host      : " << f.host << "\n"
      << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n"
-     << "  exitcode  : " << f.torch_exitcode() << " (pid: " << f.pid << ")\n"
+     << "  exitcode  : " << (f.hang ? std::string("hang") : std::to_string(f.torch_exitcode()))
+     << " (pid: " << f.pid << ")\n"
      << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file) << "\n"
      << "  traceback : " << indent(f.message);
   return os.str();
@@ -59,6 +60,7 @@ std::string format_one(size_t idx, const FailureRecord& f) {
 }  // namespace
 
 std::string FailureRecord::cause() const {
+  if (hang) return "hang";
   if (signaled) return "signal " + std::to_string(signal) + " (" + signal_name(signal) + ")";
   return "exit code " + std::to_string(exit_code);
 }
@@ -76,7 +78,8 @@ std::string FailureRecord::to_json() const {
                       {"noticed_ns", noticed_ns},
                       {"error_file", error_file},
                       {"message", message},
-                      {"attempt", attempt}};
+                      {"attempt", attempt},
+                      {"hang", hang}};
   return j.dump();
 }
 
@@ -156,6 +159,7 @@ FailureRecord FailureRecord::from_json(const std::string& json) {
   f.error_file = string_field(j, "error_file", what);
   f.message = string_field(j, "message", what);
   f.attempt = int32_field(j, "attempt", 0, what);
+  f.hang = bool_field(j, "hang", what);
   return f;
 }
 

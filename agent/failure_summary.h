@@ -23,10 +23,14 @@ struct FailureRecord {
   std::string error_file;  // empty when the worker wrote none
   std::string message;     // error.json's message or traceback; else a default
   int attempt = 0;
+  // --hang_timeout's verdict (agent/hang_detector.h): no worker of the job
+  // progressed for the timeout; `rank` stalled first. Its cause is "hang",
+  // whatever signal then stopped the workers.
+  bool hang = false;
 
   // torchrun's "exitcode" column: the code, or minus the signal.
   int torch_exitcode() const { return signaled ? -signal : exit_code; }
-  // "exit code 3" or "signal 11 (SIGSEGV)".
+  // "exit code 3", "signal 11 (SIGSEGV)" or "hang".
   std::string cause() const;
   std::string to_json() const;
   // Parses a record another node wrote. Throws ProtocolError naming the key

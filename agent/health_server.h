@@ -13,8 +13,9 @@
 //   attempt        the restarts so far (TORCHELASTIC_RESTART_COUNT's failed part)
 //   time           the agent's clock, seconds since the epoch
 //   last_progress  seconds since the epoch when a worker last made progress,
-//                  as the agent's stall detection last saw it; null until it
-//                  reports any
+//                  as the agent's stall detection (--hang_timeout > 0) last
+//                  saw it, refreshed about once a second; null without it
+//                  and before its first sample
 //   file_timer     null when TORCHELASTIC_ENABLE_FILE_TIMER is off; else the
 //                  last well-formed request's time (null before the first)
 //                  and the timers held

@@ -72,6 +72,9 @@ struct LaunchConfig {
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::chrono::milliseconds exit_barrier_timeout{300'000};
   std::vector<int> signals_to_handle;  // SIGTERM, SIGINT, SIGHUP, SIGQUIT by default
+  // --hang_timeout: a job none of whose workers progressed this long is hung
+  // (agent/hang_detector.h); 0: off.
+  std::chrono::milliseconds hang_timeout{0};
 
   // The environment workers inherit (the launcher's, plus what the command
   // line decided, such as OMP_NUM_THREADS=1); the agent adds torchrun's

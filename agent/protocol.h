@@ -69,6 +69,13 @@
 //                                 "timestamp", "noticed_ns", "error_file",
 //                                 "message", "attempt"}; first writer wins
 //   gone/<n>, attempt/<k>/{all_done,all_stopped,clean}   "1"
+//   attempt/<k>/stall/<n>         --hang_timeout: node n's local verdict
+//                                 (agent/hang_detector.h NodeStall):
+//                                 {"stalled_ms": int, "ranks": [{"rank",
+//                                 "local_rank", "pid", "since_ms"}]}
+//   attempt/<k>/stacks/<n>        after a hang verdict: node n's ranks and
+//                                 the frame each was in (hang_diagnosis.h):
+//                                 [{"rank": int, "frame": str}]
 //
 // ## Tallies (store/store.h), the wire form of every set and counter that
 // many nodes enrol in at once (joined, entered, rejoined, left, closed_seen,
@@ -122,6 +129,20 @@
 //                          signal while its workers run) first enrols in its
 //                          round's left tally, which every member reads, so
 //                          that the round re-forms whoever publishes liveness
+//
+// Hangs (agent/hang_detector.h), with --hang_timeout > 0, while workers run:
+//   attempt/<k>/stall/<n>  set by node n once a second (and at once when all
+//                          its workers have been stalled for the timeout):
+//                          one request per node and interval
+//   attempt/<k>/failure    the host, while its own workers are all stalled,
+//                          reads every stall key (check + multi_get); when
+//                          every node reports stalled_ms >= timeout it
+//                          compare_sets the failure record with "hang": true
+//                          and the rank whose stall began first. Every node
+//                          then collects its workers' stacks (at most 8 s)
+//                          and sets attempt/<k>/stacks/<n>; the node of that
+//                          rank waits for them until 10 s after the verdict
+//                          and prints the summary. Then as any failure (3b).
 //
 // One attempt k (k = 0 .. max_restarts), on every node:
 //   1. start the local workers (TORCHELASTIC_RESTART_COUNT=k);
@@ -190,5 +211,11 @@ inline std::string all_stopped(int attempt) { return attempt_key(attempt, "all_s
 inline std::string clean(int attempt) { return attempt_key(attempt, "clean"); }
 inline std::string finished(int attempt) { return attempt_key(attempt, "finished"); }
 inline std::string all_done(int attempt) { return attempt_key(attempt, "all_done"); }
+inline std::string stall(int attempt, int node) {
+  return attempt_key(attempt, "stall/") + std::to_string(node);
+}
+inline std::string stacks(int attempt, int node) {
+  return attempt_key(attempt, "stacks/") + std::to_string(node);
+}
 
 }  // namespace ctorchrun::agent::keys

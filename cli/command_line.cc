@@ -381,7 +381,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
               signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", events_file, event_log_handler = "null",
               logs_specs, numa_binding;
   int node_rank = 0, master_port = 29500, max_restarts = 0;
-  double monitor_interval = 0.1, shutdown_timeout = 30, exit_barrier_timeout = 300;
+  double monitor_interval = 0.1, shutdown_timeout = 30, exit_barrier_timeout = 300,
+         hang_timeout = 0;
   std::vector<int> local_ranks_filter;
   bool standalone = false, module = false, no_python = false, run_path = false;
 
@@ -496,6 +497,11 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
           "node, socket, exclusive or core-complex: each local rank runs on CPUs near its GPU (the "
           "i-th of CUDA_VISIBLE_DEVICES, GPUs in PCI bus order; without GPUs ranks are spread over "
           "the NUMA nodes in order) and prefers that node's memory, from sysfs");
+  opt("--hang-timeout,--hang_timeout", hang_timeout, "PET_HANG_TIMEOUT",
+      "seconds without progress from every worker of the job (CPU of the main thread, the "
+      "process tree's CPU and I/O, output) before it is a hang: stacks to hang.txt, then a "
+      "restart (0: off; README \"Hangs\")")
+      ->check(seconds_validator());
   opt("--shutdown-timeout,--shutdown_timeout", shutdown_timeout, "PET_SHUTDOWN_TIMEOUT",
       "seconds between SIGTERM and SIGKILL when stopping workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)")
       ->check(seconds_validator());
@@ -724,6 +730,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     // Stopping.
     c.shutdown_timeout = seconds_to_ms(shutdown_timeout);
     c.exit_barrier_timeout = seconds_to_ms(exit_barrier_timeout);
+    c.hang_timeout = seconds_to_ms(hang_timeout);
     c.signals_to_handle.clear();
     for (std::string item : split(signals, ',')) {
       item.erase(std::remove_if(item.begin(), item.end(), ::isspace), item.end());

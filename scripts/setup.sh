@@ -14,6 +14,7 @@ packages=(
   libgloo-dev
   python3-torch python3-numpy
   iproute2 procps psmisc
+  elfutils
   etcd-server etcd-client
   debootstrap
   valgrind

@@ -331,3 +331,20 @@ TEST_CASE("command line: store_max_request_bytes caps a whole request to the hos
   CHECK(hosted_store_keeps(limits, values));
   CHECK_FALSE(hosted_store_keeps(limits + ",store_max_request_bytes=2162688", values));
 }
+
+TEST_CASE("command line: --hang_timeout takes non-negative seconds in both spellings and from env",
+          "[unit]") {
+  CHECK(parse_ok({"s.py"}).config.hang_timeout == 0ms);  // off by default
+  CHECK(parse_ok({"--hang_timeout=5", "s.py"}).config.hang_timeout == 5000ms);
+  CHECK(parse_ok({"--hang-timeout", "0.5", "s.py"}).config.hang_timeout == 500ms);
+  CHECK(parse_ok({"s.py"}, {{"PET_HANG_TIMEOUT", "7"}}).config.hang_timeout == 7000ms);
+  CHECK(parse_ok({"--hang_timeout=2", "s.py"}, {{"PET_HANG_TIMEOUT", "7"}}).config.hang_timeout ==
+        2000ms);
+  require_usage_error({"--hang_timeout=-1", "s.py"}, {"--hang"});
+  require_usage_error({"--hang_timeout=soon", "s.py"}, {"--hang"});
+  require_usage_error({"--hang_timeout=", "s.py"}, {"--hang_timeout: the value is empty"});
+  require_usage_error({"s.py"}, {"PET_HANG_TIMEOUT"}, {{"PET_HANG_TIMEOUT", "x"}});
+  auto help = parse({"--help"});
+  REQUIRE(help.kind == ParseOutcome::Kind::kExit);
+  CHECK_THAT(help.message, Catch::Contains("--hang_timeout"));
+}

@@ -1,0 +1,131 @@
+// What a hang verdict collects before the workers stop: the NCCL flight
+// recorder's request against a fake reader of its pipe (Debian's torch is
+// CPU-only), and the stacks of a real stalled Python process.
+
+#include "agent/hang_diagnosis.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <thread>
+
+#include "tests/launcher/launcher_support.h"
+#include "tests/support/process.h"
+
+using namespace ctorchrun;
+using namespace ctorchrun::agent;
+using namespace std::chrono_literals;
+
+namespace {
+
+// torch's DumpPipe, as ProcessGroupNCCL has it: a FIFO it creates and opens
+// for reading without blocking; any byte read makes it write its trace to
+// the dump file.
+struct FakeFlightRecorder {
+  FakeFlightRecorder(const std::string& pipe, const std::string& dump) : dump_(dump) {
+    REQUIRE(::mkfifo(pipe.c_str(), 0600) == 0);
+    fd_ = ::open(pipe.c_str(), O_RDONLY | O_NONBLOCK);
+    REQUIRE(fd_ >= 0);
+    thread_ = std::thread([this] {
+      const auto end = std::chrono::steady_clock::now() + 5s;
+      while (std::chrono::steady_clock::now() < end && !stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 10) > 0) {
+          char buf[16];
+          if (::read(fd_, buf, sizeof buf) > 0) {
+            ++requests_;
+            std::ofstream(dump_) << "{\"entries\": []}";
+          }
+        }
+      }
+    });
+  }
+  ~FakeFlightRecorder() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string dump_;
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("hang: the flight recorder's request reaches a reader of its pipe", "[unit]") {
+  testing::TempDir dir;
+  {
+    FakeFlightRecorder fr(dir.file("pipe3.pipe"), dir.file("dump3"));
+    CHECK(request_flight_recorder(dir.file("pipe3.pipe"), 500ms));
+    CHECK(testing::wait_for_file(dir.file("dump3"), 2s));
+    CHECK(fr.requests_ >= 1);
+  }
+  // No reader (the FIFO is there, nobody opened it), no pipe at all, or a
+  // regular file in its place: false within the bound, nothing created.
+  REQUIRE(::mkfifo(dir.file("lonely.pipe").c_str(), 0600) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(request_flight_recorder(dir.file("lonely.pipe"), 100ms));
+  CHECK_FALSE(request_flight_recorder(dir.file("missing.pipe"), 100ms));
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK_FALSE(testing::file_exists(dir.file("missing.pipe")));
+  std::ofstream(dir.file("plain.pipe")) << "";
+  CHECK_FALSE(request_flight_recorder(dir.file("plain.pipe"), 100ms));
+}
+
+TEST_CASE("hang: the options follow the workers' environment", "[unit]") {
+  testing::TempDir dir;
+  DiagnosisOptions off = diagnosis_options("", "/tmp/p", "", "");
+  CHECK(off.pipe_prefix.empty());
+  CHECK(diagnosis_options("0", "/tmp/p", "", "").pipe_prefix.empty());
+  CHECK(diagnosis_options("2000", "", "", "").pipe_prefix.empty());
+  DiagnosisOptions on = diagnosis_options("2000", "/tmp/p", "/tmp/d", "/nonexistent:/usr/bin");
+  CHECK(on.pipe_prefix == "/tmp/p");
+  CHECK(on.dump_prefix == "/tmp/d");
+  CHECK(on.eu_stack == (testing::file_exists("/usr/bin/eu-stack") ? "/usr/bin/eu-stack" : ""));
+}
+
+TEST_CASE("hang: a stalled Python process's stacks and flight recorder dump land in hang.txt",
+          "[multiproc]") {
+  testing::TempDir dir;
+  const std::string script = dir.file("stalled.py");
+  std::ofstream(script) << "import time\n"
+                           "def wait_forever():\n"
+                           "    print('ready', flush=True)\n"
+                           "    time.sleep(3600)\n"
+                           "wait_forever()\n";
+  // Its stdout is a pipe nobody reads after "ready"; stderr goes to a file,
+  // as a worker's does through the launcher in hang mode.
+  testing::Process p(
+      {"/bin/sh", "-c",
+       "PYTHONFAULTHANDLER=1 exec /usr/bin/python3 " + script + " 2>" + dir.file("stderr.log")});
+  REQUIRE(p.read_line(10s) == "ready");
+  FakeFlightRecorder fr(dir.file("pipe7.pipe"), dir.file("dump7"));
+  DiagnosisOptions o =
+      diagnosis_options("100", dir.file("pipe"), dir.file("dump"), "/usr/bin:/bin");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto frames = diagnose_hang({{7, 0, p.pid(), dir.path, dir.file("stderr.log")}}, o);
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  REQUIRE(frames.size() == 1);
+  CHECK(frames[0].rank == 7);
+  CHECK(frames[0].frame == "wait_forever at stalled.py:4 (time.sleep(3600))");
+  const std::string report = testing::read_file(dir.file("hang.txt"));
+  CHECK_THAT(report, Catch::Contains("rank 7"));
+  CHECK_THAT(report, Catch::Contains("dump requested: " + dir.file("dump7")));
+  CHECK_THAT(report, Catch::Contains("most recent call first"));
+  if (!o.eu_stack.empty()) CHECK_THAT(report, Catch::Contains("TID " + std::to_string(p.pid())));
+  CHECK(fr.requests_ == 1);
+  // SIGABRT ended it (never left stopped).
+  auto status = p.wait(5s);
+  REQUIRE(status);
+  CHECK(WIFSIGNALED(*status));
+  CHECK(WTERMSIG(*status) == SIGABRT);
+}
