@@ -3,11 +3,13 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "tests/slurm/slurm_support.h"
 
@@ -180,4 +182,56 @@ TEST_CASE("slurm: scancel reaches each worker once and the agents exit as stoppe
     CHECK(lines[0].rfind("SIGTERM", 0) == 0);
   }
   CHECK(std::filesystem::exists(d + "/ckpt.json"));
+}
+
+TEST_CASE("slurm: a time-limit signal checkpoints and the README's sbatch script requeues the job",
+          "[slurm]") {
+  SlurmCluster cluster;
+  const std::string d = cluster.dir();
+  const std::string bin = kCtorchrun.substr(0, kCtorchrun.rfind('/'));
+  std::map<std::string, std::string> env = cluster.env();
+  env["CTORCHRUN_PYTHON"] = kPython;
+  env["PATH"] = bin + ":" + std::string(std::getenv("PATH"));
+  env["NPROC_PER_NODE"] = "2";
+  env["TRAIN_SCRIPT"] = kSignalWorker;
+  CommandResult sub = run_command({"sbatch", "--parsable", "-D", d, "-o", d + "/train.out",
+                                   CTORCHRUN_SOURCE_DIR "/examples/slurm/train.sbatch", d, "100"},
+                                  env);
+  INFO(sub.output);
+  REQUIRE(sub.exit_code == 0);
+  const std::string job = words(sub.output).at(0);
+  for (int rank = 0; rank < 4; ++rank) {
+    REQUIRE(wait_for_lines(d + "/progress." + std::to_string(rank), 1, 60s));
+  }
+  // The warning Slurm sends before the time limit (--signal=USR1@T), now.
+  CHECK(cluster.run({"scancel", "--signal=USR1", job}).exit_code == 0);
+  // Requeued, Slurm makes the job eligible again two minutes later
+  // (Reason=BeginTime); the test brings that forward.
+  const auto t0 = std::chrono::steady_clock::now();
+  bool released = false;
+  std::string state;
+  while (!std::filesystem::exists(d + "/done.json") &&
+         std::chrono::steady_clock::now() - t0 < 150s) {
+    if (!released && cluster.job_state(job) == "PENDING") {
+      released =
+          cluster.run({"scontrol", "update", "JobId=" + job, "StartTime=now"}).exit_code == 0;
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+  CHECK(released);
+  state = cluster.wait_for_job_end(job, 60s);
+  INFO(read_text(d + "/train.out") << cluster.logs());
+  REQUIRE(std::filesystem::exists(d + "/done.json"));
+  CHECK(state == "COMPLETED");
+  auto done = nlohmann::json::parse(read_text(d + "/done.json"));
+  CHECK(done["resumed_from"].get<int>() > 0);  // from the checkpoint of the first run
+  CHECK(done["restart_count"] == "0");         // a new step starts at 0
+  CHECK(done["slurm_restart_count"] == "1");   // requeued once
+  for (int rank = 0; rank < 4; ++rank) {
+    auto lines = lines_of(d + "/sig.0." + std::to_string(rank));
+    INFO("rank " << rank);
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0].rfind("SIGUSR1", 0) == 0);
+    CHECK_FALSE(std::filesystem::exists(d + "/sig.1." + std::to_string(rank)));
+  }
 }
