@@ -282,7 +282,8 @@ SlurmTopology resolve_slurm(SlurmMode mode, const SlurmGiven& given,
     t.rdzv_id = job + "." + step;
     note("rdzv_id=" + *t.rdzv_id, "SLURM_JOB_ID.SLURM_STEP_ID");
   }
-  t.summary = "Slurm job " + job + " step " + step + " on " + get(env, "SLURMD_NODENAME") + ": " +
+  const std::string node = get(env, "SLURMD_NODENAME");
+  t.summary = "Slurm job " + job + " step " + step + (node.empty() ? "" : " on " + node) + ": " +
               (from.empty() ? "every value given on the command line" : from);
   return t;
 }

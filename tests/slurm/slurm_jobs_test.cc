@@ -1,6 +1,13 @@
 // Whole jobs under a real Slurm (tests/slurm/slurm_support.h): sbatch and
 // srun start ctorchrun with no rendezvous flag.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -11,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/slurm.h"
 #include "tests/slurm/slurm_support.h"
 
 using namespace ctorchrun::testing;
@@ -103,8 +111,9 @@ TEST_CASE("slurm: two steps of one job at once each take their own first host an
   // Steps on n3,n4 (a 2-node step of a 4-node allocation) and on n1,n2.
   const std::string job = cluster.sbatch(
       {"-N4", "-o", d + "/steps.out"},
-      script("srun -N2 -r2 " + kCtorchrun + " " + env_probe(d, "a", 3) + " &\nsrun -N2 -r0 " +
-             kCtorchrun + " " + env_probe(d, "b", 3) + " &\nwait %1 && wait %2"));
+      script(kCtorchrun + " --no_python true > " + d + "/outside.log 2>&1\n" + "srun -N2 -r2 " +
+             kCtorchrun + " " + env_probe(d, "a", 3) + " &\nsrun -N2 -r0 " + kCtorchrun + " " +
+             env_probe(d, "b", 3) + " &\nwait %1 && wait %2"));
   const std::string state = cluster.wait_for_job_end(job, 90s);
   INFO(read_text(d + "/steps.out") << cluster.logs());
   REQUIRE(state == "COMPLETED");
@@ -122,6 +131,15 @@ TEST_CASE("slurm: two steps of one job at once each take their own first host an
     port_b = b[6];
   }
   CHECK(port_a != port_b);
+  // ctorchrun in the batch script itself, outside any step: one node, one warning.
+  const std::string outside = read_text(d + "/outside.log");
+  INFO(outside);
+  size_t warnings = 0;
+  for (size_t at = outside.find("outside any job step"); at != std::string::npos;
+       at = outside.find("outside any job step", at + 1)) {
+    ++warnings;
+  }
+  CHECK(warnings == 1);
 }
 
 TEST_CASE("slurm: several tasks per node are refused on every task and no worker starts",
@@ -234,4 +252,93 @@ TEST_CASE("slurm: a time-limit signal checkpoints and the README's sbatch script
     CHECK(lines[0].rfind("SIGUSR1", 0) == 0);
     CHECK_FALSE(std::filesystem::exists(d + "/sig.1." + std::to_string(rank)));
   }
+}
+
+TEST_CASE("slurm: a step whose port is taken exits 4 naming --master_port", "[slurm]") {
+  SlurmCluster cluster;
+  const std::string d = cluster.dir();
+  const std::string job = cluster.sbatch({"-N1", "--hold", "-o", d + "/taken.out"},
+                                         script("srun " + kCtorchrun + " --no_python touch " + d +
+                                                "/worker_started; echo $? > " + d + "/rc"));
+  // The port the step will derive, taken before the job is released.
+  const int port = ctorchrun::cli::slurm_port(job, "0");
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  REQUIRE(cluster.run({"scontrol", "release", job}).exit_code == 0);
+  const std::string state = cluster.wait_for_job_end(job, 60s);
+  ::close(fd);
+  const std::string out = read_text(d + "/taken.out");
+  INFO(out);
+  CHECK(state == "COMPLETED");
+  CHECK(read_text(d + "/rc") == "4\n");
+  CHECK(out.find("--master_port") != std::string::npos);
+  CHECK(out.find(std::to_string(port)) != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(d + "/worker_started"));
+}
+
+namespace {
+
+// Pids of the processes whose environment says they run on Slurm node `node`
+// for job `job` (a task, its agent, its workers).
+std::vector<pid_t> processes_on(const std::string& node, const std::string& job) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string environ = read_text(entry.path().string() + "/environ");
+    std::vector<std::string> vars;
+    size_t start = 0;
+    for (size_t z = environ.find('\0'); z != std::string::npos; z = environ.find('\0', start)) {
+      vars.push_back(environ.substr(start, z - start));
+      start = z + 1;
+    }
+    auto has = [&](const std::string& kv) {
+      return std::find(vars.begin(), vars.end(), kv) != vars.end();
+    };
+    if (has("SLURMD_NODENAME=" + node) && has("SLURM_JOB_ID=" + job)) {
+      out.push_back(static_cast<pid_t>(std::stoi(name)));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("slurm: under c10d a node lost with its slurmd is re-formed around and the job finishes",
+          "[slurm]") {
+  SlurmCluster cluster;
+  const std::string d = cluster.dir();
+  // Each worker records its world; in a world of 2 it waits (at most 60 s),
+  // alone it finishes. Each agent's exit code goes to rc.<node id>.
+  write_text(d + "/worker.sh",
+             "#!/bin/sh\necho $WORLD_SIZE >> " + d +
+                 "/world.$SLURM_NODEID\nif [ \"$WORLD_SIZE\" = 1 ]; then exit 0; fi\nsleep 60\n",
+             0755);
+  write_text(d + "/agent.sh",
+             "#!/bin/bash\n" + kCtorchrun +
+                 " --nnodes=1:2 --rdzv_backend=c10d --rdzv_conf=keep_alive_interval=1 "
+                 "--no_python " +
+                 d + "/worker.sh\necho $? > " + d + "/rc.$SLURM_NODEID\n",
+             0755);
+  const std::string job = cluster.sbatch({"-N2", "--no-kill", "-o", d + "/c10d.out"},
+                                         script("srun " + d + "/agent.sh"));
+  const bool started =
+      wait_for_lines(d + "/world.0", 1, 60s) && wait_for_lines(d + "/world.1", 1, 60s);
+  INFO(read_text(d + "/c10d.out"));
+  REQUIRE(started);
+  CHECK(lines_of(d + "/world.0") == std::vector<std::string>{"2"});
+  // n2 goes down as a machine does: its slurmd and everything of the job on it.
+  cluster.kill_slurmd(2);
+  const std::vector<pid_t> on_n2 = processes_on("n2", job);
+  CHECK_FALSE(on_n2.empty());
+  for (pid_t p : on_n2) ::kill(p, SIGKILL);
+  REQUIRE(wait_for_lines(d + "/rc.0", 1, 90s));
+  CHECK(read_text(d + "/rc.0") == "0\n");
+  CHECK(lines_of(d + "/world.0") == std::vector<std::string>{"2", "1"});
+  CHECK_FALSE(std::filesystem::exists(d + "/rc.1"));
 }
