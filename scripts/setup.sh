@@ -15,6 +15,7 @@ packages=(
   python3-torch python3-numpy
   iproute2 procps psmisc
   etcd-server etcd-client
+  slurm-wlm slurm-client munge
   debootstrap
 )
 
