@@ -36,12 +36,13 @@ std::string hostname() {
   return buf;
 }
 
-// A port that was free a moment ago, below the ephemeral range: bind port 0
-// gives an ephemeral one, so pick at random in [10000, 30000) and check it.
+// A port that was free a moment ago, for a daemon: bind port 0 would give an
+// ephemeral one, so pick at random in [10000, 20000), below the ports that
+// ctorchrun derives for steps ([20000, 32000), cli/slurm.h), and check it.
 int free_port() {
   static std::mt19937 rng(std::random_device{}());
   for (int tries = 0; tries < 1000; ++tries) {
-    const int port = 10000 + static_cast<int>(rng() % 20000);
+    const int port = 10000 + static_cast<int>(rng() % 10000);
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
