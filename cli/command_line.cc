@@ -560,6 +560,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     given.rdzv_endpoint = decided.count(endpoint_opt) > 0;
     given.standalone = standalone;
     SlurmTopology slurm_topology;
+    bool slurm_endpoint = false;  // the c10d endpoint is the step's first host
     try {
       slurm_topology = resolve_slurm(slurm == "on"    ? SlurmMode::kOn
                                      : slurm == "off" ? SlurmMode::kOff
@@ -580,6 +581,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       // c10d: the endpoint is the step's first host too.
       if (rdzv_backend == "c10d" && rdzv_endpoint.empty()) {
         rdzv_endpoint = rendezvous::format_endpoint(master_addr, master_port);
+        slurm_endpoint = true;
       }
       out.infos.push_back(st.summary);
       c.scheduler = "slurm";
@@ -758,6 +760,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     } catch (const ConfigError& e) {
       throw UsageError(e.what());
     }
+    if (slurm_endpoint && !c.is_host) c.is_host = slurm_topology.first_host;
     if (c.rdzv_backend == "etcd-v3") {
       resolve_etcd_tls(etcd_scheme, &c);
     } else {

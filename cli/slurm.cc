@@ -255,6 +255,7 @@ SlurmTopology resolve_slurm(SlurmMode mode, const SlurmGiven& given,
     t.node_rank = number_of(env, "SLURM_NODEID", 0, step_nodes - 1);
     note("node_rank=" + std::to_string(*t.node_rank), "SLURM_NODEID");
   }
+  t.first_host = number_of(env, "SLURM_NODEID", 0, step_nodes - 1) == 0;
   if (!given.nproc_per_node) {
     if (has(env, "SLURM_GPUS_ON_NODE") && get(env, "SLURM_GPUS_ON_NODE") != "0") {
       t.nproc_per_node = number_of(env, "SLURM_GPUS_ON_NODE", 1, 1 << 16);

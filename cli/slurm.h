@@ -59,6 +59,11 @@ struct SlurmTopology {
   // slurm_port(job, step): node 0's store (static) or the c10d endpoint's port.
   std::optional<int> port;
   std::optional<std::string> rdzv_id;  // "<SLURM_JOB_ID>.<SLURM_STEP_ID>"
+  // This task runs on the step's first host (SLURM_NODEID 0): under c10d with
+  // the endpoint from the step, the agent that hosts the endpoint's store
+  // (several node names may resolve to addresses of one machine, so the
+  // address alone cannot say).
+  bool first_host = false;
   // One line naming what Slurm gave and which variable gave it (for the
   // agent's log at info); empty when not active.
   std::string summary;

@@ -263,6 +263,10 @@ TEST_CASE("slurm: a step whose port is taken exits 4 naming --master_port", "[sl
   // The port the step will derive, taken before the job is released.
   const int port = ctorchrun::cli::slurm_port(job, "0");
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  // An earlier job of an earlier cluster (job ids start at 1 in each) may
+  // have left the port in TIME_WAIT.
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));

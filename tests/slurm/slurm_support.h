@@ -87,6 +87,7 @@ class SlurmCluster {
   pid_t slurmctld_ = -1;
   std::vector<pid_t> slurmd_;
   long start_ms_ = 0;
+  bool node_killed_ = false;
 };
 
 }  // namespace ctorchrun::testing

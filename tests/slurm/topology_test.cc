@@ -197,6 +197,18 @@ TEST_CASE("slurm: under c10d the endpoint defaults to the step's first host", "[
   CHECK(out.config.min_nodes == 1);
   CHECK(out.config.max_nodes == 2);
   CHECK(out.config.run_id == "42.3");
+  // The store at the endpoint is hosted by the agent of the step's first host.
+  CHECK(out.config.is_host == false);
+  Env first = step_env();
+  first["SLURM_NODEID"] = "0";
+  out = ctorchrun::testing::parse({"--nnodes=1:2", "--rdzv_backend=c10d", "train.py"}, first);
+  CHECK(out.config.is_host == true);
+  out = ctorchrun::testing::parse(
+      {"--nnodes=1:2", "--rdzv_backend=c10d", "--rdzv_conf=is_host=1", "train.py"}, step_env());
+  CHECK(out.config.is_host == true);
+  out = ctorchrun::testing::parse(
+      {"--nnodes=1:2", "--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "train.py"}, step_env());
+  CHECK_FALSE(out.config.is_host.has_value());
 }
 
 TEST_CASE("slurm: refusals on the command line are usage errors (exit 2)", "[unit]") {
