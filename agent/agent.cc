@@ -23,6 +23,7 @@
 #include "agent/job_monitor.h"
 #include "agent/protocol.h"
 #include "agent/restart_budget.h"
+#include "agent/scheduler_stop.h"
 #include "agent/worker_env.h"
 #include "common/error.h"
 #include "common/exit_codes.h"
@@ -331,22 +332,28 @@ class ElasticAgent::Impl {
 void ElasticAgent::Impl::on_signal(int sig) {
   std::lock_guard<std::mutex> lock(phase_mutex_);
   if (workers_running_) {
-    log_->warn("received {}: forwarding it to the workers", signal_name(sig));
+    if (is_scheduler_signal(c_, sig)) {
+      log_->warn("received {} from {}: the workers have it too; waiting up to {}ms for them",
+                 signal_name(sig), c_.scheduler, c_.shutdown_timeout.count());
+    } else {
+      log_->warn("received {}: forwarding it to the workers", signal_name(sig));
+    }
     pending_signal_ = sig;
     launcher_.wake();
     return;
   }
   // Nothing of ours runs: leave at once (the store, if we host it, goes with us).
-  log_->warn("received {} while no workers run; exiting with {}", signal_name(sig), 128 + sig);
+  const int code = signal_exit_code(c_, sig);
+  log_->warn("received {} while no workers run; exiting with {}", signal_name(sig), code);
   // Whatever holds this node's place (an etcd lease) goes now, so that a
   // round forming or running does not wait for it.
   rdzv_.abandon();
-  events_.emit("finished", attempt(), {{"exit_code", 128 + sig}, {"signal", signal_name(sig)}});
+  events_.emit("finished", attempt(), {{"exit_code", code}, {"signal", signal_name(sig)}});
   if (file_timer_) file_timer_->remove_pipe();  // _Exit skips the destructor
   if (std::string kept = tidy_log_dir(); !kept.empty()) log_->info("logs kept in {}", kept);
   worker::Console::flush(worker::Console::kExitStall);
   spdlog::shutdown();
-  std::_Exit(128 + sig);
+  std::_Exit(code);
 }
 
 void ElasticAgent::Impl::make_run_dir() {
@@ -464,8 +471,12 @@ FailureRecord ElasticAgent::Impl::record_of(const worker::WorkerExit& e, int att
 ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
     int attempt, std::vector<FailureRecord>* local_failures) {
   size_t succeeded = 0;
+  // Set when a worker died by what may be the scheduler's signal: until then
+  // the agent's own copy may still come (agent/scheduler_stop.h).
+  std::optional<Clock::time_point> scheduler_grace;
   for (;;) {
-    auto exits = launcher_.wait(Clock::now() + 1s);
+    auto exits = launcher_.wait(scheduler_grace ? std::min(*scheduler_grace, Clock::now() + 1s)
+                                                : Clock::now() + 1s);
     // /healthz's last_progress, from the stall detection when it runs.
     if (hang_) {
       if (auto t = hang_->last_progress()) health_->set_last_progress(*t);
@@ -480,12 +491,21 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
       }
       events_.emit("worker_exited", attempt, fields);
       if (e.failed()) {
+        if (!scheduler_grace && may_be_scheduler_stop(c_, e)) {
+          scheduler_grace = Clock::now() + kSchedulerSignalGrace;
+        }
         local_failures->push_back(record_of(e, attempt));
       } else {
         ++succeeded;
       }
     }
-    if (!local_failures->empty()) return WatchResult::kLocalFailure;
+    if (!local_failures->empty()) {
+      if (scheduler_grace) {
+        if (pending_signal_) return WatchResult::kSignal;
+        if (Clock::now() < *scheduler_grace) continue;
+      }
+      return WatchResult::kLocalFailure;
+    }
     if (pending_signal_) return WatchResult::kSignal;
     check_monitor();
     if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
@@ -528,6 +548,9 @@ void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
   health_->set_phase(AgentPhase::kStopping);
   if (hang_) hang_->unwatch();
   // Always: it also kills what exited workers left behind in their groups.
+  // The scheduler signalled the workers itself: send nothing (0), wait, then
+  // SIGKILL.
+  if (sig != SIGKILL && is_scheduler_signal(c_, pending_signal_)) sig = 0;
   auto t0 = Clock::now();
   auto stopped = launcher_.stop(sig, c_.shutdown_timeout);
   if (!stopped.empty()) {
@@ -1138,7 +1161,9 @@ void ElasticAgent::Impl::give_way(rendezvous::MembershipChange change) {
   // call.
   if (info_.stopping) info_.stopping(c_.shutdown_timeout);
   stop_workers(SIGTERM, attempt());
-  if (int sig = pending_signal_) throw JobEnd{128 + sig, "stopped by " + signal_name(sig)};
+  if (int sig = pending_signal_) {
+    throw JobEnd{signal_exit_code(c_, sig), signal_stop_message(c_, sig)};
+  }
   change_.reset();
   form_round(change);
 }
@@ -1267,7 +1292,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
     case AttemptOutcome::kSignal:
       stop_workers(out.signal, k);
       leave(true);
-      return finish(128 + out.signal, "stopped by " + signal_name(out.signal));
+      return finish(signal_exit_code(c_, out.signal), signal_stop_message(c_, out.signal));
     case AttemptOutcome::kJobBroken:
       stop_workers(SIGTERM, k);
       check_job_alive("running workers");  // throws JobEnd naming the cause
@@ -1285,7 +1310,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
   stop_workers(SIGTERM, k);
   if (int sig = pending_signal_) {
     leave(true);
-    return finish(128 + sig, "stopped by " + signal_name(sig));
+    return finish(signal_exit_code(c_, sig), signal_stop_message(c_, sig));
   }
   const RestartBudget::Verdict verdict = budget_.on_failure();
   // Throws RoundGivesWay when a loss may explain the failure.

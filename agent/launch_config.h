@@ -75,6 +75,15 @@ struct LaunchConfig {
   // --hang_timeout: a job none of whose workers progressed this long is hung
   // (agent/hang_detector.h); 0: off.
   std::chrono::milliseconds hang_timeout{0};
+  // The scheduler the launcher runs under ("slurm": a task of a Slurm job
+  // step), empty for none. `scheduler_signals` are the signals that scheduler
+  // delivers to every process of the job itself, workers included: the agent
+  // does not forward them (a worker gets each signal once), waits up to
+  // shutdown_timeout for the workers, SIGKILLs what is left and exits with
+  // kExitSchedulerStop; a worker that dies by one of them is the scheduler's
+  // doing, not a failure worth a restart.
+  std::string scheduler;
+  std::vector<int> scheduler_signals;
 
   // The environment workers inherit (the launcher's, plus what the command
   // line decided, such as OMP_NUM_THREADS=1); the agent adds torchrun's

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cli/rdzv_conf.h"
+#include "cli/slurm.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "rendezvous/endpoint.h"
@@ -339,6 +340,8 @@ Exit codes:
   3        rendezvous failed, timed out or was closed, or its store was lost mid-run
   4        store or network set-up failed (bind, connect)
   70       internal error (please report)
+  75       stopped by the scheduler (under Slurm: scancel, preemption, a --signal
+           warning); not a failure, a job script may requeue on it
   128+N    stopped by signal N (forwarded to the workers first; SIGTERM gives 143)
 )";
 
@@ -379,7 +382,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
               rdzv_conf, start_method = "spawn", role = "default", log_dir, redirects = "0",
               tee = "0", master_addr = "127.0.0.1", local_addr,
               signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", events_file, event_log_handler = "null",
-              logs_specs, numa_binding;
+              logs_specs, numa_binding, slurm = "auto";
   int node_rank = 0, master_port = 29500, max_restarts = 0;
   double monitor_interval = 0.1, shutdown_timeout = 30, exit_barrier_timeout = 300,
          hang_timeout = 0;
@@ -422,9 +425,10 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   };
   CLI::Option* nnodes_opt = opt("--nnodes", nnodes, "PET_NNODES",
                                 "number of nodes, N or MIN:MAX (MIN:MAX needs the c10d backend)");
-  opt("--nproc-per-node,--nproc_per_node", nproc, "PET_NPROC_PER_NODE",
-      "workers per node: N, cpu (one per CPU), gpu (one per GPU), auto (gpu if any, else cpu)")
-      ->check(nproc_validator());
+  CLI::Option* nproc_opt =
+      opt("--nproc-per-node,--nproc_per_node", nproc, "PET_NPROC_PER_NODE",
+          "workers per node: N, cpu (one per CPU), gpu (one per GPU), auto (gpu if any, else cpu)")
+          ->check(nproc_validator());
   CLI::Option* node_rank_opt =
       opt("--node-rank,--node_rank", node_rank, "PET_NODE_RANK", "rank of this node, 0..nnodes-1")
           ->check(CLI::Range(0, 1 << 20));
@@ -446,7 +450,8 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   CLI::Option* endpoint_opt =
       opt("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint, "PET_RDZV_ENDPOINT",
           "HOST[:PORT] of the rendezvous store (static: defaults to master_addr:master_port)");
-  opt("--rdzv-id,--rdzv_id", rdzv_id, "PET_RDZV_ID", "job id shared by all nodes");
+  CLI::Option* rdzv_id_opt =
+      opt("--rdzv-id,--rdzv_id", rdzv_id, "PET_RDZV_ID", "job id shared by all nodes");
   CLI::Option* conf_opt = opt("--rdzv-conf,--rdzv_conf", rdzv_conf, "PET_RDZV_CONF",
                               "KEY=VALUE,... rendezvous and hosted-store settings (keys below)");
   CLI::Option* standalone_opt =
@@ -514,6 +519,11 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
   fallbacks.back().second.push_back("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT");
   opt("--events-file,--events_file", events_file, "PET_EVENTS_FILE",
       "append one JSON object per lifecycle event to this file");
+  opt("--slurm", slurm, "PET_SLURM",
+      "auto: as a task of a Slurm job step (srun), the values not given take the step's topology "
+      "(nnodes, node_rank, master, port, rdzv_id, nproc_per_node); on: the same, and an error "
+      "outside a step; off: ignore Slurm")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
 
   SplitArgs args;
   try {
@@ -522,6 +532,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     std::vector<std::string> reversed(args.options.rbegin(), args.options.rend());
     app.parse(reversed);  // CLI11 takes them reversed
 
+    std::set<const CLI::Option*> decided = args.given;  // by a flag or its PET_ variable
     for (auto& [o, names] : fallbacks) {
       if (args.given.count(o)) continue;
       for (const std::string& name : names) {
@@ -533,6 +544,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
         } catch (const CLI::Error& e) {
           throw UsageError(name + "='" + it->second + "': " + e.what());
         }
+        decided.insert(o);
         break;
       }
     }
@@ -543,6 +555,43 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
       auto spelled = args.spelled.find(o->get_name());
       return spelled == args.spelled.end() ? o->get_name() : spelled->second;
     };
+    // Under Slurm (cli/slurm.h): what the step gives fills each value left open.
+    SlurmGiven given;
+    given.nnodes = decided.count(nnodes_opt) > 0;
+    given.node_rank = decided.count(node_rank_opt) > 0;
+    given.nproc_per_node = decided.count(nproc_opt) > 0;
+    given.master_addr = decided.count(master_addr_opt) > 0;
+    given.master_port = decided.count(master_port_opt) > 0;
+    given.rdzv_id = decided.count(rdzv_id_opt) > 0;
+    given.rdzv_endpoint = decided.count(endpoint_opt) > 0;
+    given.standalone = standalone;
+    SlurmTopology slurm_topology;
+    bool slurm_endpoint = false;  // the c10d endpoint is the step's first host
+    try {
+      slurm_topology = resolve_slurm(slurm == "on"    ? SlurmMode::kOn
+                                     : slurm == "off" ? SlurmMode::kOff
+                                                      : SlurmMode::kAuto,
+                                     given, env);
+    } catch (const ConfigError& e) {
+      throw UsageError(e.what());
+    }
+    if (!slurm_topology.warning.empty()) out.warnings.push_back(slurm_topology.warning);
+    if (slurm_topology.active) {
+      const SlurmTopology& st = slurm_topology;
+      if (st.nnodes) nnodes = std::to_string(*st.nnodes);
+      if (st.node_rank) node_rank = *st.node_rank;
+      if (st.nproc_per_node) nproc = std::to_string(*st.nproc_per_node);
+      if (st.master_addr) master_addr = *st.master_addr;
+      if (st.port) master_port = *st.port;
+      if (st.rdzv_id) rdzv_id = *st.rdzv_id;
+      // c10d: the endpoint is the step's first host too.
+      if (rdzv_backend == "c10d" && rdzv_endpoint.empty()) {
+        rdzv_endpoint = rendezvous::format_endpoint(master_addr, master_port);
+        slurm_endpoint = true;
+      }
+      out.infos.push_back(st.summary);
+      c.scheduler = "slurm";
+    }
     const std::vector<std::string>& rest = args.script;
     if (rest.empty())
       throw UsageError("no training script given (ctorchrun [options] [--] SCRIPT [args...])");
@@ -717,6 +766,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     } catch (const ConfigError& e) {
       throw UsageError(e.what());
     }
+    if (slurm_endpoint && !c.is_host) c.is_host = slurm_topology.first_host;
     if (c.rdzv_backend == "etcd-v3") {
       resolve_etcd_tls(etcd_scheme, &c);
     } else {
@@ -735,6 +785,17 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     for (std::string item : split(signals, ',')) {
       item.erase(std::remove_if(item.begin(), item.end(), ::isspace), item.end());
       if (!item.empty()) c.signals_to_handle.push_back(signal_number(item));
+    }
+    if (c.scheduler == "slurm") {
+      // Slurm signals every process of the step itself (scancel, preemption,
+      // --signal=SIG@T, srun's Ctrl-C): the workers have their copy already.
+      c.scheduler_signals = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+      for (int s : {SIGUSR1, SIGUSR2}) {
+        if (std::find(c.signals_to_handle.begin(), c.signals_to_handle.end(), s) ==
+            c.signals_to_handle.end()) {
+          c.signals_to_handle.push_back(s);
+        }
+      }
     }
 
     // Output.

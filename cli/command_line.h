@@ -17,6 +17,7 @@ struct ParseOutcome {
   std::string message;                // kExit: what to print (help text, or the one-line error)
   std::vector<std::string> notices;   // kRun: one-time notices (torchrun's OMP_NUM_THREADS one)
   std::vector<std::string> warnings;  // kRun: one line each, to log (unknown --rdzv_conf keys)
+  std::vector<std::string> infos;     // kRun: one line each, to log at info (what Slurm gave)
 };
 
 // Parses argv as torchrun does: every option in both spellings (--nproc_per_node

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
 
   auto log = get_logger("cli");
   for (const auto& warning : parsed.warnings) log->warn("{}", warning);
+  for (const auto& line : parsed.infos) log->info("{}", line);
   try {
     agent::RunResult r = agent::run(config);
     if (!r.failures.empty()) {

@@ -11,7 +11,11 @@ enum ExitCode : int {
   kExitRendezvous = 3,     // rendezvous failed, timed out, was closed, or its store was lost
   kExitStoreNetwork = 4,   // store or network set-up failed (bind, connect)
   kExitInternal = 70,      // internal error (a CTORCHRUN_CHECK failed): please report
-  kExitSignalBase = 128,   // 128+N: stopped by signal N
+  // Stopped by the scheduler (Slurm's scancel, preemption or time-limit
+  // signal): not a failure; a job script may requeue on it. 75 is
+  // sysexits.h's EX_TEMPFAIL, "try again later".
+  kExitSchedulerStop = 75,
+  kExitSignalBase = 128,  // 128+N: stopped by signal N
 };
 
 }  // namespace ctorchrun

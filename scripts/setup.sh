@@ -16,6 +16,7 @@ packages=(
   iproute2 procps psmisc
   elfutils
   etcd-server etcd-client
+  slurm-wlm slurm-client munge
   debootstrap
   valgrind
 )

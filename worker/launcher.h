@@ -165,7 +165,9 @@ class Launcher {
   // exit that happened while wait() was not looking. Bounded: returns within
   // grace + about 2 s even if a worker cannot die (a process stuck in the
   // kernel; it is then left out of the result and logged). Idempotent: with
-  // nothing to stop it returns an empty vector at once.
+  // nothing to stop it returns an empty vector at once. `sig` 0 sends nothing
+  // first: for workers already signalled by someone else (a batch scheduler
+  // signals every process of a job), it only waits up to `grace`, then SIGKILLs.
   virtual std::vector<WorkerExit> stop(int sig, std::chrono::milliseconds grace) = 0;
 
   // Workers of the current set that have not exited.
