@@ -229,7 +229,7 @@ TEST_CASE("slurm: a time-limit signal checkpoints and the README's sbatch script
   bool released = false;
   std::string state;
   while (!std::filesystem::exists(d + "/done.json") &&
-         std::chrono::steady_clock::now() - t0 < 150s) {
+         std::chrono::steady_clock::now() - t0 < 200s) {
     if (!released && cluster.job_state(job) == "PENDING") {
       released =
           cluster.run({"scontrol", "update", "JobId=" + job, "StartTime=now"}).exit_code == 0;
