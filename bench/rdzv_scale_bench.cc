@@ -24,6 +24,7 @@
 // The last stdout line is JSON with one object per size.
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -171,8 +172,8 @@ double etcd_floor(int agents, int run, int64_t writes,
   std::atomic<int> failures{0};
   Clock::time_point t_go;
   std::vector<std::thread> threads;
-  const std::string prefix =
-      "/ctorchrun-bench-floor/" + std::to_string(agents) + "_" + std::to_string(run) + "/";
+  const std::string prefix = "/ctorchrun-bench-floor/" + std::to_string(getpid()) + "_" +
+                             std::to_string(agents) + "_" + std::to_string(run) + "/";
   for (int i = 0; i < agents; ++i) {
     threads.emplace_back([&, i] {
       try {
@@ -206,7 +207,11 @@ double etcd_floor(int agents, int run, int64_t writes,
   } catch (const std::exception&) {
   }
   if (failures > 0) return -1;
-  return std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t_go).count();
+  const double seconds =
+      std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t_go).count();
+  std::fprintf(stderr, "%d agents, run %d: etcd alone, %lld puts each: %.3f s\n", agents, run,
+               static_cast<long long>(writes), seconds);
+  return seconds;
 }
 
 Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoints) {
@@ -215,7 +220,9 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
   so.port = 0;
   std::unique_ptr<store::TcpStoreServer> server;
   if (etcd_endpoints.empty()) server = store::TcpStoreServer::start(so);
-  const std::string id = "bench" + std::to_string(agents) + "_" + std::to_string(run);
+  // The process's own id too: an etcd that outlives a run keeps its keys.
+  const std::string id =
+      "bench" + std::to_string(getpid()) + "_" + std::to_string(agents) + "_" + std::to_string(run);
 
   std::mutex mu;
   std::condition_variable cv;
@@ -328,6 +335,8 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
   std::sort(exchanges.begin(), exchanges.end());
   r.max_exchanges = exchanges.back();
   r.median_exchanges = exchanges[exchanges.size() / 2];
+  std::fprintf(stderr, "%d agents, run %d: round %.3f s, %d failures\n", agents, run, r.seconds,
+               r.failures);
   if (!etcd_endpoints.empty() && r.failures == 0) {
     r.etcd_floor_seconds = etcd_floor(agents, run, r.median_exchanges, etcd_endpoints);
   }

@@ -320,9 +320,23 @@ void C10dState::enter(const std::string& slot, int attempt) {
 void C10dState::try_complete() {
   const std::string claim = job_.compare_set(key("claim"), "", slot_);
   if (claim != slot_) {
-    if (!claim_seen_at_) claim_seen_at_ = now_();
+    if (!claim_seen_at_ || claim != claim_seen_) {
+      // A claim not seen before (a first one, or another node's takeover):
+      // its builder gets the whole claim_timeout.
+      claim_seen_at_ = now_();
+      claim_seen_ = claim;
+    }
     if (now_() - *claim_seen_at_ < timing_.claim_timeout) return;
-    // The claimant went silent: build the roster here; compare_set keeps one.
+    // The claimant went silent: take its claim over, one node at a time
+    // (compare_set from the claim seen), so that a roster slow to build (a
+    // large round on a loaded store) is not then built by every waiting
+    // node at once; a node that loses the takeover waits on the new claim.
+    const std::string taken = job_.compare_set(key("claim"), claim, slot_);
+    if (taken != slot_) {
+      claim_seen_at_ = now_();
+      claim_seen_ = taken;
+      return;
+    }
   }
   const std::string entered_key = key("entered");
   const std::vector<std::string> entered = job_.tally_entries(entered_key);

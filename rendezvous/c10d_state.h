@@ -104,7 +104,9 @@
 //       instead when that is longer, so that a member that needs its whole
 //       --shutdown_timeout is not left out.
 //     Completing = compare_set(claim) then compare_set(complete); a claim
-//     not followed by a roster within claim_timeout is overridden. The
+//     not followed by a roster within claim_timeout is taken over by one
+//     node (compare_set from the stale claimant's slot), whose own claim
+//     then gets claim_timeout in turn. The
 //     roster holds only the entrants whose records exist at that moment (one
 //     check and one multi_get, or a non-waiting read per record,
 //     store::read_if_present): one that died (its record, on its presence
@@ -372,6 +374,7 @@ class C10dState {
   bool min_seen_ = false;
   std::optional<Clock::time_point> last_call_since_;
   std::optional<Clock::time_point> claim_seen_at_;
+  std::string claim_seen_;  // the claim (a builder's slot) claim_seen_at_ is for
   bool settings_checked_ = false;
   bool was_member_ = false;
   int attempt_ = 0;       // the restart count this node carries

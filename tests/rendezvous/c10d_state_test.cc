@@ -1160,3 +1160,37 @@ TEST_CASE(
   hs->set(C10dState::round_key(0, 0, "members/" + ra->builder), "[]");
   CHECK_THROWS_AS(members(*hs, *ra), ProtocolError);
 }
+
+TEST_CASE(
+    "C10dState: a stale roster claim is taken over by one node at a time and a fresh "
+    "takeover gets its own claim_timeout",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  // A claimant that went silent before the round completed.
+  hs.set("g0/rdzv/0/claim", "n9");
+  Node a(hs, clock, settings(3, 3), "a");
+  Node b(hs, clock, settings(3, 3), "b");
+  Node c(hs, clock, settings(3, 3), "c");
+  a.state.join();
+  b.state.join();
+  c.state.join();
+  CHECK_FALSE(a.state.poll().has_value());
+  CHECK_FALSE(b.state.poll().has_value());
+  clock.advance(11s);  // past claim_timeout (10 s)
+  // Another node took the stale claim over meanwhile: a waits for it rather
+  // than building the roster as well.
+  hs.set("g0/rdzv/0/claim", "n8");
+  CHECK_FALSE(a.state.poll().has_value());
+  CHECK_FALSE(hs.check({"g0/rdzv/0/complete"}));
+  CHECK(hs.get("g0/rdzv/0/claim") == "n8");
+  // That one went silent too: a takes it over and builds the roster.
+  clock.advance(11s);
+  auto ra = a.state.poll();
+  REQUIRE(ra.has_value());
+  CHECK(ra->builder == a.state.slot());
+  CHECK(hs.get("g0/rdzv/0/claim") == a.state.slot());
+  auto rb = b.state.poll();
+  REQUIRE(rb.has_value());
+  CHECK(rb->roster == ra->roster);
+}
