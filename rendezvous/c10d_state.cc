@@ -486,7 +486,11 @@ C10dRound C10dState::read_roster(const std::string& raw) {
 
 std::vector<NodeInfo> C10dState::read_members(store::Store& job, const C10dRound& round) {
   const std::string k = round_key(round.generation, round.round, "members/" + round.builder);
-  auto j = nlohmann::json::parse(job.get(k), nullptr, false);
+  // Never a waiting read: a list removed since (a tidied store) is an error
+  // at once, not a wait for the store's timeout.
+  const std::optional<std::string> raw = store::read_if_present(job, k);
+  if (!raw) throw ProtocolError("no member list at key '" + k + "' (removed since?)");
+  auto j = nlohmann::json::parse(*raw, nullptr, false);
   if (!j.is_array() || j.size() != static_cast<size_t>(round.roster.size())) {
     throw ProtocolError("unreadable member list at key '" + k + "': not the roster's " +
                         std::to_string(round.roster.size()) + " members");

@@ -292,8 +292,8 @@ class C10dState {
 
   // Every member's record of `round` in group-rank order (group_rank set):
   // the full list its builder wrote (members/<builder>). One request, O(N)
-  // bytes; it stays after a member is lost. ProtocolError when it does not
-  // match the roster; TimeoutError when missing (a store that lost it).
+  // bytes, never waiting; it stays after a member is lost. ProtocolError
+  // when it is missing (a store tidied since) or does not match the roster.
   static std::vector<NodeInfo> read_members(store::Store& job, const C10dRound& round);
 
   // "2 of min 3, max 4 nodes joined round 0": for messages.

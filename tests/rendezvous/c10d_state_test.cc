@@ -1194,3 +1194,17 @@ TEST_CASE(
   REQUIRE(rb.has_value());
   CHECK(rb->roster == ra->roster);
 }
+
+TEST_CASE("C10dState: a member list removed from the store is an error at once, not a wait",
+          "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 1), "a");
+  a.state.join();
+  auto r = a.state.poll();
+  REQUIRE(r.has_value());
+  REQUIRE(members(hs, *r).size() == 1);
+  hs.delete_key(C10dState::round_key(0, 0, "members/" + r->builder));
+  // HashStore's get would wait for the key: read_members must not.
+  CHECK_THROWS_AS(members(hs, *r), ProtocolError);
+}
