@@ -46,6 +46,10 @@ constexpr int kFailed = kExitWorkersFailed;
 constexpr int kUsage = kExitUsage;
 constexpr int kRendezvous = kExitRendezvous;
 constexpr int kNetwork = kExitStoreNetwork;
+// Up to this many nodes the info log lists every node's ranks (torchelastic
+// prints its rank table); above, the table is at debug level, so that a
+// large round does not make every agent read every member's record.
+constexpr int kRankTableNodes = 64;
 
 std::string random_suffix() {
   static const char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
@@ -257,7 +261,14 @@ class ElasticAgent::Impl {
   // "the rendezvous store at the endpoint H:P" (elastic) or "the job's store
   // at H:P": the store the agents share, for messages.
   std::string agents_store() const;
-  std::string node_list(const std::vector<int>& nodes) const;
+  std::string node_list(const std::vector<int>& nodes);
+  // The members' records (RendezvousInfo::nodes), read from the store the
+  // first time they are needed when the backend left them out (c10d: O(N)
+  // bytes, so only for events and messages naming other nodes); empty when
+  // they cannot be read now.
+  const std::vector<rendezvous::NodeInfo>& members();
+  // Member n's host, for messages ("unknown host" when not readable).
+  std::string host_of(int n);
   // On the store host: waits until every other live node has left.
   void leave_last();
   // This node leaves the job: withdraws its presence and tells the others.
@@ -581,8 +592,7 @@ void ElasticAgent::Impl::check_job_alive(const char* what) {
   auto dead = monitor_->dead_nodes();
   if (!dead.empty()) {
     int n = dead.front();
-    throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
-                                  info_.nodes[static_cast<size_t>(n)].host +
+    throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" + host_of(n) +
                                   ") stopped responding while " + what +
                                   (elastic() ? "; the round could not be re-formed without it"
                                              : "; a static job cannot go on without it")};
@@ -590,9 +600,8 @@ void ElasticAgent::Impl::check_job_alive(const char* what) {
   auto gone = monitor_->departed_nodes();
   if (!gone.empty()) {
     int n = gone.front();
-    throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" +
-                                  info_.nodes[static_cast<size_t>(n)].host +
-                                  ") left the job while " + what};
+    throw JobEnd{kRendezvous,
+                 "node " + std::to_string(n) + " (" + host_of(n) + ") left the job while " + what};
   }
 }
 
@@ -807,13 +816,27 @@ ElasticAgent::Impl::Barrier ElasticAgent::Impl::await_exit_barrier(int attempt) 
   }
 }
 
-std::string ElasticAgent::Impl::node_list(const std::vector<int>& nodes) const {
+std::string ElasticAgent::Impl::node_list(const std::vector<int>& nodes) {
   std::string s;
-  for (int n : nodes) {
-    s += (s.empty() ? "" : ", ") + std::to_string(n) + " (" +
-         info_.nodes[static_cast<size_t>(n)].host + ")";
-  }
+  for (int n : nodes) s += (s.empty() ? "" : ", ") + std::to_string(n) + " (" + host_of(n) + ")";
   return s;
+}
+
+const std::vector<rendezvous::NodeInfo>& ElasticAgent::Impl::members() {
+  if (info_.nodes.empty() && info_.read_nodes) {
+    try {
+      info_.nodes = info_.read_nodes();
+    } catch (const Error& e) {
+      log_->debug("could not read the members of round {}: {}", info_.round, e.what());
+    }
+  }
+  return info_.nodes;
+}
+
+std::string ElasticAgent::Impl::host_of(int n) {
+  const auto& nodes = members();
+  if (n < 0 || n >= static_cast<int>(nodes.size())) return "unknown host";
+  return nodes[static_cast<size_t>(n)].host;
 }
 
 void ElasticAgent::Impl::leave_last() {
@@ -1018,13 +1041,28 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
   // takes its restart count.
   if (!change) budget_ = RestartBudget(info_.max_restarts.value_or(c_.max_restarts), elastic());
   budget_.on_round_formed(info_.attempt);
-  const auto& me = info_.nodes.at(static_cast<size_t>(info_.group_rank));
-  if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
-  std::vector<int> sizes;
-  for (const auto& n : info_.nodes) sizes.push_back(n.local_world_size);
-  base_rank_ = base_global_rank(sizes, info_.group_rank);
-  world_size_ = 0;
-  for (int s : sizes) world_size_ += s;
+  if (info_.world_size > 0) {
+    // The backend worked ranks out without every member's record.
+    base_rank_ = info_.base_rank;
+    world_size_ = info_.world_size;
+  } else {
+    std::vector<int> sizes;
+    for (const auto& n : info_.nodes) sizes.push_back(n.local_world_size);
+    base_rank_ = base_global_rank(sizes, info_.group_rank);
+    world_size_ = 0;
+    for (int s : sizes) world_size_ += s;
+  }
+  // Every member's record is read only where it is listed: the events, the
+  // rank table of a small job, or a debug log.
+  const bool rounds = elastic();
+  if ((rounds && events_.enabled()) || info_.group_world_size <= kRankTableNodes ||
+      log_->should_log(spdlog::level::debug)) {
+    members();
+  }
+  if (info_.group_rank < static_cast<int>(info_.nodes.size())) {
+    const auto& me = info_.nodes[static_cast<size_t>(info_.group_rank)];
+    if (!me.host.empty()) host_ = me.host;  // as the other nodes know this one
+  }
   std::string table;
   int r = 0;
   for (const auto& n : info_.nodes) {
@@ -1033,7 +1071,9 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
              std::to_string(r + n.local_world_size - 1);
     r += n.local_world_size;
   }
-  const bool rounds = elastic();
+  if (info_.nodes.empty()) {
+    table = std::to_string(info_.group_world_size) + " nodes (their rank table at debug level)";
+  }
   log_->info(
       "rendezvous complete{}: run_id={} group_rank={} group_world_size={} world_size={} "
       "master={}:{} restart_count={}; {}",
@@ -1146,7 +1186,7 @@ void ElasticAgent::Impl::give_way(rendezvous::MembershipChange change) {
   log_->warn("round {} gives way to the next: {}; stopping the workers (no restart charged)",
              info_.round, change.reason);
   for (int n : change.lost) {
-    if (n < 0 || n >= static_cast<int>(info_.nodes.size())) continue;
+    if (n < 0 || n >= static_cast<int>(members().size())) continue;
     const auto& node = info_.nodes[static_cast<size_t>(n)];
     events_.emit("node_lost", attempt(),
                  {{"group_rank", n},

@@ -29,6 +29,8 @@ class EventLog {
 
   void emit(const std::string& event, int attempt,
             nlohmann::json fields = nlohmann::json::object());
+  // Whether emitted events go anywhere (a caller may skip gathering them).
+  bool enabled() const { return to_file_ || to_console_; }
 
  private:
   std::mutex mutex_;

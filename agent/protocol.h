@@ -26,8 +26,8 @@
 // (it erases their keys between attempts).
 //
 // ## The store host: who publishes liveness and leaves last
-// Static: node 0. c10d: the agent that hosts the endpoint's store (a roster
-// record with "he": true); when no member does (a standalone store at the
+// Static: node 0. c10d: the agent that hosts the endpoint's store (the
+// roster's "endpoint_node"); when no member does (a standalone store at the
 // endpoint, or etcd-v3), group rank 0 of the round.
 //
 // ## Values, by key (all JSON unless said; a reader refuses anything else
@@ -48,9 +48,22 @@
 //                                 member that restarts its workers there
 //   g<G>/rdzv/<R>/node/<slot>     node record + "attempt": int (the job's
 //                                 restart count the node carries)
-//   g<G>/rdzv/<R>/complete        {"members": [node record + "slot": str],
-//                                 "attempt": int (the round's count)},
-//                                 group-rank order; at most MAX members
+//   g<G>/rdzv/<R>/members/<slot>  [node record + "attempt" + "slot": str],
+//                                 group-rank order, at most MAX: the full
+//                                 list, written by the roster's builder
+//                                 (<slot>) before "complete"; read only by
+//                                 whoever names every member (events, the
+//                                 rank table, messages naming a host)
+//   g<G>/rdzv/<R>/complete        the compact roster (rendezvous/roster.h),
+//                                 O(runs) bytes whatever N: {"slots":
+//                                 [[kind "n"|"m", first, count]], "sizes":
+//                                 [[local_world_size, count]], "attempt": int
+//                                 (the round's count), "by": the builder's
+//                                 slot, "node0": {"host", "pid"},
+//                                 "endpoint_node": group rank or -1}; a
+//                                 member takes its group rank from its slot,
+//                                 its first global rank and WORLD_SIZE from
+//                                 the sizes' prefix sums
 //   g<G>/rdzv/<R>/reform          {"reason": str, "lost": [group ranks],
 //                                 "cause": str}
 //   g<G>/rdzv/<R>/workers_store   {"addr": numeric address, "port": 1..65535}

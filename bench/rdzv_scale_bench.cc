@@ -14,10 +14,17 @@
 //
 // Measured per size: the time from releasing all agents (connected already)
 // to the last one holding the round; store requests per agent (max and
-// median) and bytes per agent (keys and values sent and received; max).
+// median) and bytes per agent (keys and values sent and received): the most
+// any member read or wrote but the one that built the roster, that builder's
+// (it reads the N records and writes the full list once), and all agents'
+// together. With --etcd each run is followed by etcd's own floor: as many
+// threads, each with an EtcdClient of its own as an agent has, released at
+// once, each putting as many small keys as the rendezvous took requests on
+// the wire per agent (median); the time to the last one done.
 // The last stdout line is JSON with one object per size.
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -141,6 +148,10 @@ struct Result {
   int64_t max_requests = 0;
   int64_t median_requests = 0;
   int64_t max_bytes = 0;
+  int64_t max_member_bytes = 0;  // the most of any agent but the roster's builder
+  int64_t builder_bytes = 0;
+  int64_t total_bytes = 0;
+  double etcd_floor_seconds = 0;  // --etcd: the same writes without the rendezvous
   // etcd: requests on the wire per agent (retries and keep-alives included).
   int64_t max_exchanges = 0;
   int64_t median_exchanges = 0;
@@ -148,13 +159,70 @@ struct Result {
   std::string first_error;
 };
 
+// etcd alone: `agents` threads, each with a client of its own (connected
+// before the release, as the agents are), each putting `writes` keys of 16
+// bytes one after the other; seconds from the release to the last put.
+double etcd_floor(int agents, int run, int64_t writes,
+                  const std::vector<std::string>& etcd_endpoints) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int ready = 0;
+  bool go = false;
+  std::vector<Clock::time_point> done(static_cast<size_t>(agents));
+  std::atomic<int> failures{0};
+  Clock::time_point t_go;
+  std::vector<std::thread> threads;
+  const std::string prefix = "/ctorchrun-bench-floor/" + std::to_string(getpid()) + "_" +
+                             std::to_string(agents) + "_" + std::to_string(run) + "/";
+  for (int i = 0; i < agents; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        etcd::EtcdClient client(etcd_endpoints, milliseconds(60'000));
+        client.get(prefix + "warm");  // the connection up, as an agent's is
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          ++ready;
+          cv.notify_all();
+          cv.wait(lock, [&] { return go; });
+        }
+        for (int64_t w = 0; w < writes; ++w) {
+          client.put(prefix + std::to_string(i) + "/" + std::to_string(w), "0123456789abcdef");
+        }
+      } catch (const std::exception&) {
+        ++failures;
+      }
+      done[static_cast<size_t>(i)] = Clock::now();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(120), [&] { return ready == agents; });
+    t_go = Clock::now();
+    go = true;
+    cv.notify_all();
+  }
+  for (auto& t : threads) t.join();
+  try {
+    etcd::EtcdClient(etcd_endpoints, milliseconds(60'000)).delete_prefix(prefix);
+  } catch (const std::exception&) {
+  }
+  if (failures > 0) return -1;
+  const double seconds =
+      std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t_go).count();
+  std::fprintf(stderr, "%d agents, run %d: etcd alone, %lld puts each: %.3f s\n", agents, run,
+               static_cast<long long>(writes), seconds);
+  return seconds;
+}
+
 Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoints) {
   store::ServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
   std::unique_ptr<store::TcpStoreServer> server;
   if (etcd_endpoints.empty()) server = store::TcpStoreServer::start(so);
-  const std::string id = "bench" + std::to_string(agents) + "_" + std::to_string(run);
+  // The process's own id too: an etcd that outlives a run keeps its keys.
+  const std::string id =
+      "bench" + std::to_string(getpid()) + "_" + std::to_string(agents) + "_" + std::to_string(run);
 
   std::mutex mu;
   std::condition_variable cv;
@@ -163,6 +231,7 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
   std::vector<int64_t> requests(static_cast<size_t>(agents)), bytes(static_cast<size_t>(agents)),
       exchanges(static_cast<size_t>(agents));
   std::vector<Clock::time_point> done(static_cast<size_t>(agents));
+  std::vector<char> builder(static_cast<size_t>(agents), 0);
   std::atomic<int> failures{0};
   std::string first_error;
   const auto t_connect = Clock::now();
@@ -214,7 +283,10 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
         state.join();
         const auto deadline = Clock::now() + std::chrono::seconds(120);
         for (;;) {
-          if (state.poll()) break;
+          if (auto round = state.poll()) {
+            builder[idx] = round->builder == state.slot();
+            break;
+          }
           if (Clock::now() > deadline) throw TimeoutError("no round after 120 s");
           try {
             counted.wait({state.wait_key()}, milliseconds(1'000));
@@ -252,9 +324,22 @@ Result run_once(int agents, int run, const std::vector<std::string>& etcd_endpoi
   r.max_requests = sorted.back();
   r.median_requests = sorted[sorted.size() / 2];
   r.max_bytes = *std::max_element(bytes.begin(), bytes.end());
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    r.total_bytes += bytes[i];
+    if (builder[i]) {
+      r.builder_bytes = std::max(r.builder_bytes, bytes[i]);
+    } else {
+      r.max_member_bytes = std::max(r.max_member_bytes, bytes[i]);
+    }
+  }
   std::sort(exchanges.begin(), exchanges.end());
   r.max_exchanges = exchanges.back();
   r.median_exchanges = exchanges[exchanges.size() / 2];
+  std::fprintf(stderr, "%d agents, run %d: round %.3f s, %d failures\n", agents, run, r.seconds,
+               r.failures);
+  if (!etcd_endpoints.empty() && r.failures == 0) {
+    r.etcd_floor_seconds = etcd_floor(agents, run, r.median_exchanges, etcd_endpoints);
+  }
   return r;
 }
 
@@ -298,26 +383,32 @@ int main(int argc, char** argv) {
       if (!e.empty()) etcd_endpoints.push_back(e);
     }
     for (int r = 0; r < runs; ++r) results.push_back(run_once(n, r, etcd_endpoints));
-    std::vector<double> secs;
+    std::vector<double> secs, floor_secs;
     int failures = 0;
     for (const auto& r : results) {
       secs.push_back(r.seconds);
+      floor_secs.push_back(r.etcd_floor_seconds);
       failures += r.failures;
       if (r.failures) std::fprintf(stderr, "%d agents: %s\n", n, r.first_error.c_str());
     }
     std::sort(secs.begin(), secs.end());
+    std::sort(floor_secs.begin(), floor_secs.end());
     const Result& last = results.back();
     std::printf("agents=%d round_s median=%.3f (runs:", n, secs[secs.size() / 2]);
     for (const auto& r : results) std::printf(" %.3f", r.seconds);
     std::printf(
-        ") requests/agent max=%lld median=%lld bytes/agent max=%lld connect_s=%.3f "
-        "failures=%d",
+        ") requests/agent max=%lld median=%lld bytes/agent max=%lld member_max=%lld "
+        "builder=%lld total=%lld connect_s=%.3f failures=%d",
         static_cast<long long>(last.max_requests), static_cast<long long>(last.median_requests),
-        static_cast<long long>(last.max_bytes), last.connect_seconds, failures);
+        static_cast<long long>(last.max_bytes), static_cast<long long>(last.max_member_bytes),
+        static_cast<long long>(last.builder_bytes), static_cast<long long>(last.total_bytes),
+        last.connect_seconds, failures);
     if (!etcd_endpoints.empty()) {
-      std::printf(" etcd_requests/agent max=%lld median=%lld",
+      std::printf(" etcd_requests/agent max=%lld median=%lld etcd_floor_s median=%.3f (runs:",
                   static_cast<long long>(last.max_exchanges),
-                  static_cast<long long>(last.median_exchanges));
+                  static_cast<long long>(last.median_exchanges), floor_secs[floor_secs.size() / 2]);
+      for (const auto& r : results) std::printf(" %.3f", r.etcd_floor_seconds);
+      std::printf(")");
     }
     std::printf("\n");
     std::fflush(stdout);
@@ -326,6 +417,10 @@ int main(int argc, char** argv) {
                    {"max_requests_per_agent", last.max_requests},
                    {"median_requests_per_agent", last.median_requests},
                    {"max_bytes_per_agent", last.max_bytes},
+                   {"max_member_bytes", last.max_member_bytes},
+                   {"builder_bytes", last.builder_bytes},
+                   {"total_bytes", last.total_bytes},
+                   {"etcd_floor_s_median", floor_secs[floor_secs.size() / 2]},
                    {"max_etcd_requests_per_agent", last.max_exchanges},
                    {"failures", failures}});
   }

@@ -160,7 +160,7 @@ RendezvousInfo C10dHandler::form() {
       get_logger("rdzv")->warn(
           "rendezvous '{}': node 0 of round {} ({}) was lost before it served the workers' store; "
           "forming the next round",
-          options_.job.run_id, round.round, round.nodes.at(0).host);
+          options_.job.run_id, round.round, round.node0.host);
       C10dSettings settings = settings_of(options_.job);
       C10dRoundWatch watch(*job_, settings, round, options_.last_call_timeout);
       auto change = watch.reform(
@@ -266,8 +266,12 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   info.namespace_prefix = std::string("/") + StaticHandler::kNamespace + "/";
   info.round = round.round;
   info.group_rank = round.group_rank;
-  info.group_world_size = static_cast<int>(round.nodes.size());
-  info.nodes = round.nodes;
+  info.group_world_size = round.roster.size();
+  info.world_size = static_cast<int>(round.roster.world_size());
+  info.base_rank = static_cast<int>(round.roster.first_rank(round.group_rank));
+  // The members' records only on demand (events, messages naming hosts):
+  // one read of O(N) bytes, on the agent's main connection.
+  info.read_nodes = [job = job_, round] { return C10dState::read_members(*job, round); };
   info.master_addr = workers.addr;
   info.master_port = workers.port;
   info.attempt = round.attempt;
@@ -278,8 +282,7 @@ RendezvousInfo C10dHandler::round_info(const C10dRound& round) {
   }
   // The endpoint's host leaves last; with no member hosting it (a standalone
   // store at the endpoint), group rank 0 publishes liveness.
-  const bool any_host = std::any_of(round.nodes.begin(), round.nodes.end(),
-                                    [](const NodeInfo& n) { return n.hosts_endpoint; });
+  const bool any_host = round.endpoint_node >= 0;
   info.store_host = any_host ? coord_->hosts_endpoint() : round.group_rank == 0;
 
   info.store_endpoint = endpoint_;
@@ -317,7 +320,7 @@ C10dHandler::WorkersStore C10dHandler::publish_workers_store(const C10dRound& ro
     // Rank 0 sets it right after the round; if rank 0 dies first (its
     // record's gone marker), the round re-forms without it.
     const std::string rank0_gone =
-        C10dState::round_key(round.generation, round.round, "node/" + round.slots.at(0)) +
+        C10dState::round_key(round.generation, round.round, "node/" + round.roster.slot(0)) +
         store::protocol::kGoneSuffix;
     const auto until = Clock::now() + options_.read_timeout;
     for (;;) {
@@ -329,8 +332,7 @@ C10dHandler::WorkersStore C10dHandler::publish_workers_store(const C10dRound& ro
         if (presence_ && job_->check({rank0_gone})) throw RankZeroLost{};
         if (Clock::now() >= until) {
           throw TimeoutError("node 0 of round " + std::to_string(round.round) + " (" +
-                             round.nodes.at(0).host + ", pid " +
-                             std::to_string(round.nodes.at(0).pid) +
+                             round.node0.host + ", pid " + std::to_string(round.node0.pid) +
                              ") did not publish the workers' store within read_timeout (" +
                              format_duration(options_.read_timeout) + ")");
         }

@@ -6,6 +6,7 @@
 #include "common/deadline.h"
 #include "common/error.h"
 #include "rendezvous/node_record.h"
+#include "rendezvous/roster.h"
 #include "store/protocol.h"
 
 namespace ctorchrun::rendezvous {
@@ -227,7 +228,7 @@ void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector
   CTORCHRUN_CHECK(
       settings_checked_ && previous.round == round_ && previous.generation == generation_,
       "C10dState::rejoin() of a round this node did not form");
-  const int size = static_cast<int>(previous.nodes.size());
+  const int size = previous.roster.size();
   const int expected = expected_members(size, lost);
   const bool me_lost = std::find(lost.begin(), lost.end(), previous.group_rank) != lost.end();
   // A failure charged in `previous` (as its workers restarted there, or as
@@ -243,7 +244,7 @@ void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector
     enter_as_newcomer(previous.round + 1, attempt, true);
     expected_back_ = expected;
     expected_list_ = expected_ranks(size, lost);
-    running_slots_ = previous.slots;
+    running_ = previous.roster;
     return;
   }
   round_ = previous.round + 1;
@@ -252,7 +253,7 @@ void C10dState::rejoin(const C10dRound& previous, int attempt, const std::vector
   expected_list_ = expected_ranks(size, lost);
   last_call_wait_ = timing_.last_call_timeout;
   open_ = true;
-  running_slots_ = previous.slots;
+  running_ = previous.roster;
   min_seen_ = false;
   last_call_since_.reset();
   claim_seen_at_.reset();
@@ -281,7 +282,7 @@ void C10dState::enter_as_newcomer(int round, int attempt, bool open) {
   last_call_since_.reset();
   claim_seen_at_.reset();
   open_ = open;
-  running_slots_.clear();
+  running_ = Roster();
   next_watched_ = 0;
   const int i = static_cast<int>(job_.tally_add(key("joined"), ""));
   slot_ = "n" + std::to_string(i);
@@ -319,9 +320,23 @@ void C10dState::enter(const std::string& slot, int attempt) {
 void C10dState::try_complete() {
   const std::string claim = job_.compare_set(key("claim"), "", slot_);
   if (claim != slot_) {
-    if (!claim_seen_at_) claim_seen_at_ = now_();
+    if (!claim_seen_at_ || claim != claim_seen_) {
+      // A claim not seen before (a first one, or another node's takeover):
+      // its builder gets the whole claim_timeout.
+      claim_seen_at_ = now_();
+      claim_seen_ = claim;
+    }
     if (now_() - *claim_seen_at_ < timing_.claim_timeout) return;
-    // The claimant went silent: build the roster here; compare_set keeps one.
+    // The claimant went silent: take its claim over, one node at a time
+    // (compare_set from the claim seen), so that a roster slow to build (a
+    // large round on a loaded store) is not then built by every waiting
+    // node at once; a node that loses the takeover waits on the new claim.
+    const std::string taken = job_.compare_set(key("claim"), claim, slot_);
+    if (taken != slot_) {
+      claim_seen_at_ = now_();
+      claim_seen_ = taken;
+      return;
+    }
   }
   const std::string entered_key = key("entered");
   const std::vector<std::string> entered = job_.tally_entries(entered_key);
@@ -351,16 +366,30 @@ void C10dState::try_complete() {
   for (const auto& s : candidates) keys.push_back(key("node/" + s));
   const std::vector<std::optional<std::string>> records = present_records(keys);
   std::vector<std::string> slots;
+  std::vector<int> sizes;
   nlohmann::json members = nlohmann::json::array();
   int attempt = 0;
+  NodeInfo node0;
+  int endpoint_node = -1;
+  int64_t world = 0;
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (static_cast<int>(slots.size()) >= settings_.max_nodes) break;
     if (!records[i]) continue;
     auto rec = parse_object(*records[i], keys[i]);
+    // Checked here, once: the members read only the compact roster.
+    const NodeInfo n = parse_node_record(rec, keys[i]);
     attempt = std::max(attempt, int_field(rec, "attempt", keys[i]));
+    if (slots.empty()) node0 = n;
+    if (n.hosts_endpoint && endpoint_node < 0) endpoint_node = static_cast<int>(slots.size());
+    world += n.local_world_size;
+    if (world > (int64_t{1} << 30)) {
+      throw ProtocolError("the records under '" + key("node/") + "' add up to a world size of " +
+                          std::to_string(world) + ", out of range");
+    }
     rec["slot"] = candidates[i];
     members.push_back(std::move(rec));
     slots.push_back(candidates[i]);
+    sizes.push_back(n.local_world_size);
   }
   if (static_cast<int>(slots.size()) < settings_.min_nodes) {
     // Entrants that died or left counted towards MIN: wait for more. The
@@ -379,8 +408,16 @@ void C10dState::try_complete() {
   if (round_ > 0)
     attempt = std::max(attempt, read_count(job_, restarts_key(generation_, round_ - 1)));
   if (attempt > stored) raise_from(job_, count, attempt, held);
-  job_.compare_set(key("complete"), "",
-                   nlohmann::json{{"members", members}, {"attempt", attempt}}.dump());
+  // The full list first, under this builder's slot (a builder that takes an
+  // abandoned claim over writes its own: the roster that wins names whose
+  // list is its), then the compact roster every member reads.
+  job_.set(key("members/" + slot_), members.dump());
+  nlohmann::json roster{{"attempt", attempt},
+                        {"by", slot_},
+                        {"node0", {{"host", node0.host}, {"pid", node0.pid}}},
+                        {"endpoint_node", endpoint_node}};
+  Roster::build(slots, sizes).to_json(roster);
+  job_.compare_set(key("complete"), "", roster.dump());
   job_.set("g" + std::to_string(generation_) + "/rdzv/round", std::to_string(round_));
 }
 
@@ -414,38 +451,65 @@ std::vector<std::optional<std::string>> C10dState::present_records(
 C10dRound C10dState::read_roster(const std::string& raw) {
   const std::string k = key("complete");
   auto j = parse_object(raw, k);
-  auto members = j.find("members");
-  if (members == j.end() || !members->is_array() || members->empty() ||
-      members->size() > static_cast<size_t>(settings_.max_nodes)) {
-    throw ProtocolError("unreadable roster at key '" + k + "'");
-  }
   C10dRound r;
   r.generation = generation_;
   r.round = round_;
-  r.group_rank = -1;
   r.max_restarts = settings_.max_restarts;  // check_settings() refused any other
-  int64_t world = 0;
-  for (const auto& m : *members) {
-    if (!m.is_object()) throw ProtocolError("unreadable roster at key '" + k + "'");
-    auto slot = m.find("slot");
-    if (slot == m.end() || !slot->is_string()) {
-      throw ProtocolError("unreadable roster at key '" + k + "': a member without a slot");
-    }
-    NodeInfo n = parse_node_record(m, k);
-    n.group_rank = static_cast<int>(r.nodes.size());
-    world += n.local_world_size;
-    r.attempt = std::max(r.attempt, int_field(m, "attempt", k));
-    if (slot->get<std::string>() == slot_) r.group_rank = n.group_rank;
-    r.slots.push_back(slot->get<std::string>());
-    r.nodes.push_back(std::move(n));
+  r.roster = Roster::from_json(j, k, settings_.max_nodes);
+  r.group_rank = r.roster.group_rank_of(slot_).value_or(-1);
+  r.attempt = int_field(j, "attempt", k);
+  auto by = j.find("by");
+  if (by == j.end() || !by->is_string() || !valid_slot(by->get<std::string>())) {
+    throw ProtocolError("unreadable roster at key '" + k + "': no builder's slot 'by'");
   }
-  if (world > (int64_t{1} << 30)) {
-    throw ProtocolError("roster at key '" + k + "': a world size out of range");
+  r.builder = by->get<std::string>();
+  auto node0 = j.find("node0");
+  if (node0 == j.end() || !node0->is_object()) {
+    throw ProtocolError("unreadable roster at key '" + k + "': no 'node0'");
   }
-  // The builder's count (it folds in the store's); a roster without one
-  // (an older builder) has its members' alone.
-  if (j.contains("attempt")) r.attempt = std::max(r.attempt, int_field(j, "attempt", k));
+  auto host = node0->find("host");
+  if (host == node0->end() || !host->is_string() || host->get<std::string>().size() > 255) {
+    throw ProtocolError("unreadable roster at key '" + k + "': node 0's host is no name");
+  }
+  r.node0.host = host->get<std::string>();
+  r.node0.pid = int_field(*node0, "pid", k);
+  r.node0.local_world_size = r.roster.local_world_size(0);
+  auto endpoint = j.find("endpoint_node");
+  if (endpoint == j.end() || !endpoint->is_number_integer() || endpoint->get<int64_t>() < -1 ||
+      endpoint->get<int64_t>() >= r.roster.size()) {
+    throw ProtocolError("unreadable roster at key '" + k + "': 'endpoint_node' out of range");
+  }
+  r.endpoint_node = endpoint->get<int>();
+  r.node0.hosts_endpoint = r.endpoint_node == 0;
   return r;
+}
+
+std::vector<NodeInfo> C10dState::read_members(store::Store& job, const C10dRound& round) {
+  const std::string k = round_key(round.generation, round.round, "members/" + round.builder);
+  // Never a waiting read: a list removed since (a tidied store) is an error
+  // at once, not a wait for the store's timeout.
+  const std::optional<std::string> raw = store::read_if_present(job, k);
+  if (!raw) throw ProtocolError("no member list at key '" + k + "' (removed since?)");
+  auto j = nlohmann::json::parse(*raw, nullptr, false);
+  if (!j.is_array() || j.size() != static_cast<size_t>(round.roster.size())) {
+    throw ProtocolError("unreadable member list at key '" + k + "': not the roster's " +
+                        std::to_string(round.roster.size()) + " members");
+  }
+  std::vector<NodeInfo> out;
+  out.reserve(j.size());
+  int g = 0;
+  for (const auto& m : j) {
+    NodeInfo n = parse_node_record(m, k);
+    auto slot = m.find("slot");
+    if (slot == m.end() || !slot->is_string() || slot->get<std::string>() != round.roster.slot(g) ||
+        n.local_world_size != round.roster.local_world_size(g)) {
+      throw ProtocolError("member list at key '" + k +
+                          "' does not match the roster at group rank " + std::to_string(g));
+    }
+    n.group_rank = g++;
+    out.push_back(std::move(n));
+  }
+  return out;
 }
 
 void C10dState::check_closed(bool while_waiting) {
@@ -471,26 +535,18 @@ std::optional<C10dRound> C10dState::poll() {
     // Left out (the round was full, or completed before this node came
     // back): wait in the next one, carrying the restart count it has.
     enter_as_newcomer(round_ + 1, attempt_, false);
-    running_slots_ = r.slots;
+    running_ = r.roster;
     return std::nullopt;
   }
   check_closed(true);
   if (!open_) {
     const std::string reform_key = round_key(generation_, round_ - 1, "reform");
     if (!job_.check({reform_key})) {
-      if (running_slots_.empty()) {
+      if (running_.size() == 0) {
         const std::string prev = round_key(generation_, round_ - 1, "complete");
         if (job_.check({prev})) {
-          auto j = parse_object(job_.get(prev), prev);
-          auto m = j.find("members");
-          if (m != j.end() && m->is_array()) {
-            for (const auto& member : *m) {
-              auto slot = member.is_object() ? member.find("slot") : member.end();
-              const bool ok = member.is_object() && slot != member.end() && slot->is_string() &&
-                              valid_slot(slot->get<std::string>());
-              running_slots_.push_back(ok ? slot->get<std::string>() : std::string());
-            }
-          }
+          running_ =
+              Roster::from_json(parse_object(job_.get(prev), prev), prev, settings_.max_nodes);
         }
       }
       watch_running_round();
@@ -509,9 +565,8 @@ std::optional<C10dRound> C10dState::poll() {
       }
     }
     const std::string prev = round_key(generation_, round_ - 1, "complete");
-    auto j = parse_object(job_.get(prev), prev);
-    auto m = j.find("members");
-    int size = m != j.end() && m->is_array() ? static_cast<int>(m->size()) : 0;
+    const int size =
+        Roster::from_json(parse_object(job_.get(prev), prev), prev, settings_.max_nodes).size();
     expected_back_ = expected_members(size, lost);
     expected_list_ = expected_ranks(size, lost);
     open_ = true;
@@ -608,9 +663,7 @@ void C10dState::watch_running_round() {
                     store::protocol::kGoneSuffix})) {
       return true;
     }
-    const size_t i = static_cast<size_t>(g);
-    if (i < running_slots_.size() && !running_slots_[i].empty() &&
-        job_.check({round_key(generation_, round_ - 1, "node/" + running_slots_[i]) +
+    if (job_.check({round_key(generation_, round_ - 1, "node/" + running_.slot(g)) +
                     store::protocol::kGoneSuffix})) {
       return true;
     }
@@ -649,8 +702,8 @@ C10dRoundWatch::C10dRoundWatch(store::Store& job, C10dSettings settings, const C
       settings_(std::move(settings)),
       generation_(round.generation),
       round_(round.round),
-      members_(static_cast<int>(round.nodes.size())),
-      slots_(round.slots),
+      members_(round.roster.size()),
+      roster_(round.roster),
       me_(round.group_rank),
       last_call_timeout_(last_call_timeout),
       now_(std::move(now)),
@@ -700,12 +753,11 @@ std::string C10dRoundWatch::done_key(int generation, int round, int group_rank) 
 }
 
 void C10dRoundWatch::withdraw(store::Store& presence, const C10dRound& round) {
-  const auto g = static_cast<size_t>(round.group_rank);
-  CTORCHRUN_CHECK(round.group_rank >= 0 && g < round.slots.size(),
+  CTORCHRUN_CHECK(round.group_rank >= 0 && round.group_rank < round.roster.size(),
                   "C10dRoundWatch::withdraw() by a node outside the round");
   presence.delete_key(present_key(round.generation, round.round, round.group_rank));
-  presence.delete_key(
-      C10dState::round_key(round.generation, round.round, "node/" + round.slots[g]));
+  presence.delete_key(C10dState::round_key(round.generation, round.round,
+                                           "node/" + round.roster.slot(round.group_rank)));
   presence.delete_key(done_key(round.generation, round.round, round.group_rank));
 }
 
@@ -746,9 +798,8 @@ std::string C10dRoundWatch::present_key(int generation, int round, int group_ran
 
 bool C10dRoundWatch::lost(int g) {
   return job_.check({present_key(generation_, round_, g) + store::protocol::kGoneSuffix}) ||
-         (g < static_cast<int>(slots_.size()) &&
-          job_.check({key(round_, "node/" + slots_[static_cast<size_t>(g)]) +
-                      store::protocol::kGoneSuffix}));
+         (g < roster_.size() &&
+          job_.check({key(round_, "node/" + roster_.slot(g)) + store::protocol::kGoneSuffix}));
 }
 
 MembershipChange C10dRoundWatch::gone_members(const std::vector<int>& left) {

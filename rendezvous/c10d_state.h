@@ -48,12 +48,23 @@
 //     min                set by the node whose count reached MIN: the start of
 //                        every node's last call
 //     claim              compare_set: the node that builds the roster
-//     complete           compare_set once: the roster {"members": [record +
-//                        "slot"], "attempt"}, in group-rank order; "attempt"
-//                        is the round's restart count: the highest of its
-//                        members' records, rdzv/attempt and r<R-1>/restarts
-//                        (a reader of a roster without it takes its members'
-//                        highest). Members of R-1 come
+//     members/<slot>     set by the node holding <slot> as it builds the
+//                        roster, before "complete": the full list
+//                        [record + "slot"] in group-rank order. Read only by
+//                        those who name every member (events, messages):
+//                        C10dState::read_members; it outlives the records.
+//     complete           compare_set once: the compact roster, O(runs)
+//                        bytes whatever N (rendezvous/roster.h): {"slots",
+//                        "sizes" (runs), "attempt", "by" (the builder's
+//                        slot: its members/<slot> is the full list),
+//                        "node0": {"host", "pid"} (group rank 0's record),
+//                        "endpoint_node" (the group rank hosting the
+//                        endpoint's store, -1: none)}. A member finds its
+//                        group rank from its slot and its first global rank
+//                        from the sizes' prefix sums, reading no other
+//                        record. "attempt" is the round's restart count: the
+//                        highest of its members' records, rdzv/attempt and
+//                        r<R-1>/restarts. Members of R-1 come
 //                        first in their old order, then newcomers by arrival,
 //                        at most MAX. A node left out enters round R+1 as a
 //                        newcomer (a spare while the job runs at MAX).
@@ -93,7 +104,9 @@
 //       instead when that is longer, so that a member that needs its whole
 //       --shutdown_timeout is not left out.
 //     Completing = compare_set(claim) then compare_set(complete); a claim
-//     not followed by a roster within claim_timeout is overridden. The
+//     not followed by a roster within claim_timeout is taken over by one
+//     node (compare_set from the stale claimant's slot), whose own claim
+//     then gets claim_timeout in turn. The
 //     roster holds only the entrants whose records exist at that moment (one
 //     check and one multi_get, or a non-waiting read per record,
 //     store::read_if_present): one that died (its record, on its presence
@@ -127,13 +140,16 @@
 // ## Cost
 // A newcomer's entry is 5 requests plus the settings' compare_set; a
 // member's return 6, plus 1 (rarely 2) when it carries a failure charged in
-// its round; each poll() at most 4; building the roster 6, plus one when the
-// count grew and one per entrant when some entrant's record is gone; reading
-// it 1 (bytes O(N)). A member's check() is 3 requests, plus 2 to 3 when
-// nodes wait, plus at the admission (once per attempt) 1, or 1 to 2 per
-// member when some member's presence is not there. A restart within a round
-// costs each member 1 request (raise_count). Waiting is on keys the store
-// wakes, so a poll runs once a slice of the caller, not in a busy loop.
+// its round; each poll() at most 4; building the roster 7 (it reads the
+// entrants' records and writes the full list: bytes O(N), on one node), plus
+// one when the count grew and one per entrant when some entrant's record is
+// gone; reading it 1, O(runs) bytes: the same few bytes at any N when the
+// slots and local world sizes run alike. The full list (read_members) is 1
+// request of O(N) bytes, for whoever names every member. A member's check() is 3 requests, plus 2
+// to 3 when nodes wait, plus at the admission (once per attempt) 1, or 1 to 2 per member when some
+// member's presence is not there. A restart within a round costs each member 1 request
+// (raise_count). Waiting is on keys the store wakes, so a poll runs once a slice of the caller, not
+// in a busy loop.
 //
 // Thread safety: one C10dState per node, used by one thread at a time.
 // Errors: ConfigError (settings differ), JobClosedError (the job ended),
@@ -148,6 +164,7 @@
 
 #include "common/error.h"
 #include "rendezvous/handler.h"
+#include "rendezvous/roster.h"
 #include "store/store.h"
 
 namespace ctorchrun::rendezvous {
@@ -163,8 +180,18 @@ struct C10dRound {
   int generation = 0;
   int round = 0;
   int group_rank = 0;
-  std::vector<NodeInfo> nodes;     // indexed by group rank
-  std::vector<std::string> slots;  // each member's slot, by group rank
+  // The members in compact form (rendezvous/roster.h): each one's slot and
+  // local world size by group rank, the prefix sums of the local world
+  // sizes. Their records (hosts, pids) are read only on demand:
+  // C10dState::read_members.
+  Roster roster;
+  // Group rank 0's record (it hosts the workers' store; messages name it).
+  NodeInfo node0;
+  // The member whose agent hosts the endpoint's store; -1: none does.
+  int endpoint_node = -1;
+  // The slot of the node that built the roster: the full list is at
+  // members/<builder>.
+  std::string builder;
   // The job's restart count when this round starts: the highest any member
   // carries (a node carries the count it last ran with; a fresh one 0) or
   // the store keeps (rdzv/attempt, the previous round's restarts).
@@ -263,6 +290,12 @@ class C10dState {
   // (the round re-forms).
   bool mark_finishing(int attempt);
 
+  // Every member's record of `round` in group-rank order (group_rank set):
+  // the full list its builder wrote (members/<builder>). One request, O(N)
+  // bytes, never waiting; it stays after a member is lost. ProtocolError
+  // when it is missing (a store tidied since) or does not match the roster.
+  static std::vector<NodeInfo> read_members(store::Store& job, const C10dRound& round);
+
   // "2 of min 3, max 4 nodes joined round 0": for messages.
   std::string progress();
 
@@ -335,13 +368,13 @@ class C10dState {
   // members stop their workers.
   std::chrono::milliseconds last_call_wait_{0};
   bool open_ = false;
-  // The slots of the running round round_-1's members, by group rank, when
-  // known ("" for one unreadable).
-  std::vector<std::string> running_slots_;
-  int running_members() const { return static_cast<int>(running_slots_.size()); }
+  // The running round round_-1's members, when known.
+  Roster running_;
+  int running_members() const { return running_.size(); }
   bool min_seen_ = false;
   std::optional<Clock::time_point> last_call_since_;
   std::optional<Clock::time_point> claim_seen_at_;
+  std::string claim_seen_;  // the claim (a builder's slot) claim_seen_at_ is for
   bool settings_checked_ = false;
   bool was_member_ = false;
   int attempt_ = 0;       // the restart count this node carries
@@ -429,7 +462,7 @@ class C10dRoundWatch {
   int generation_;
   int round_;
   int members_;
-  std::vector<std::string> slots_;  // each member's slot, by group rank
+  Roster roster_;  // each member's slot, by group rank
   int me_;
   std::chrono::milliseconds last_call_timeout_;
   std::function<Clock::time_point()> now_;

@@ -65,7 +65,17 @@ struct RendezvousInfo {
   std::optional<int> max_restarts;
   int group_rank = 0;
   int group_world_size = 0;
-  std::vector<NodeInfo> nodes;  // indexed by group rank
+  // The job's world size and this node's first global rank (the sum of the
+  // local world sizes of the lower group ranks). 0 with `nodes` given: the
+  // caller sums them there.
+  int world_size = 0;
+  int base_rank = 0;
+  // Every member's record, indexed by group rank. An elastic backend may
+  // leave it empty (a round of N nodes would cost each O(N) bytes) and give
+  // read_nodes instead: those who name every member (events, messages about
+  // another node) read it then, once. Throws what the store throws.
+  std::vector<NodeInfo> nodes;
+  std::function<std::vector<NodeInfo>()> read_nodes;
   // Where workers reach the store (MASTER_ADDR, MASTER_PORT).
   std::string master_addr;
   int master_port = 0;

@@ -80,8 +80,14 @@ TEST_CASE(
   CHECK(a.hosts_endpoint() != b.hosts_endpoint());
   CHECK(ia.group_rank + ib.group_rank == 1);
   CHECK(ia.group_world_size == 2);
-  REQUIRE(ia.nodes.size() == 2);
-  CHECK(ia.nodes[0].hosts_endpoint != ia.nodes[1].hosts_endpoint);
+  // The members' records are not read with the round: on demand only.
+  CHECK(ia.nodes.empty());
+  CHECK(ia.world_size == 2);
+  CHECK(ia.base_rank + ib.base_rank == 1);
+  REQUIRE(ia.read_nodes);
+  const auto nodes = ia.read_nodes();
+  REQUIRE(nodes.size() == 2);
+  CHECK(nodes[0].hosts_endpoint != nodes[1].hosts_endpoint);
   // One workers' store for the round, not the endpoint's, cleared by rank 0.
   CHECK(ia.master_addr == "127.0.0.1");
   CHECK(ia.master_port == ib.master_port);

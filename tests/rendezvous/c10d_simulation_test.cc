@@ -547,7 +547,7 @@ class Sim {
     a.wait_key.clear();
     a.eligible_since = -1;
     event(a.name() + " runs round " + std::to_string(r.round) + " as group rank " +
-          std::to_string(r.group_rank) + " of " + slots_text(r.slots) + ", attempt " +
+          std::to_string(r.group_rank) + " of " + slots_text(r.roster.slots()) + ", attempt " +
           std::to_string(a.attempt()));
     // A member that reads the roster late finds its attempt failed already
     // (attempt/<k>/failure): it stops its workers at once.
@@ -686,7 +686,7 @@ class Sim {
                              a->round->round == members[0]->round->round &&
                              a->round->generation == members[0]->round->generation;
                     }) &&
-        members.size() == members[0]->round->slots.size() &&
+        members.size() == static_cast<size_t>(members[0]->round->roster.size()) &&
         std::none_of(agents_.begin(), agents_.end(), [&](const Agent& a) { return stalled(a); });
     if (!whole) {
       end_job_at_ = now_ + 2'000;  // later, when the round runs whole
@@ -775,7 +775,7 @@ class Sim {
     const int k = a.attempt();
     auto [it, fresh] = failures_.try_emplace(std::make_tuple(r.generation, r.round, k));
     if (fresh) {
-      it->second.members = static_cast<int>(r.slots.size());
+      it->second.members = r.roster.size();
       it->second.loss = loss;
       it->second.after_reform = exists(C10dState::round_key(r.generation, r.round, "reform"));
     }
@@ -796,7 +796,7 @@ class Sim {
     const auto& r = *a.round;
     auto& reported = stopped_[std::make_tuple(r.generation, r.round, a.attempt())];
     reported.insert(r.group_rank);
-    return reported.size() == r.slots.size();
+    return reported.size() == static_cast<size_t>(r.roster.size());
   }
 
   void arm_lost_answer(Agent& a) {
@@ -887,33 +887,57 @@ class Sim {
   // MIN and MAX, no slot twice, each slot's record the node that entered it.
   void check_roster(Agent& a, const C10dRound& r) {
     const auto key = std::make_pair(r.generation, r.round);
-    const int n = static_cast<int>(r.nodes.size());
+    const int n = r.roster.size();
+    const std::vector<std::string> slots = r.roster.slots();
     if (n < settings_.min_nodes || n > settings_.max_nodes) {
       violate("round " + std::to_string(r.round) + " formed with " + std::to_string(n) +
               " members, outside " + std::to_string(settings_.min_nodes) + ":" +
               std::to_string(settings_.max_nodes));
     }
-    std::set<std::string> distinct(r.slots.begin(), r.slots.end());
-    if (distinct.size() != r.slots.size() || static_cast<int>(r.slots.size()) != n) {
+    std::set<std::string> distinct(slots.begin(), slots.end());
+    if (distinct.size() != slots.size() || static_cast<int>(slots.size()) != n) {
       violate("round " + std::to_string(r.round) +
-              " roster names a slot twice: " + slots_text(r.slots));
+              " roster names a slot twice: " + slots_text(slots));
     }
+    // The full list, read as an agent reads it for its events: it matches
+    // the compact roster (read_members checks slot and size per member),
+    // whose prefix sums are the ranks the list gives.
+    std::vector<NodeInfo> nodes;
+    try {
+      nodes = C10dState::read_members(*store_, r);
+    } catch (const Error& e) {
+      violate("round " + std::to_string(r.round) + "'s member list: " + e.what());
+      return;
+    }
+    int64_t first = 0;
     for (int g = 0; g < n; ++g) {
-      const auto& node = r.nodes[static_cast<size_t>(g)];
+      const auto& node = nodes[static_cast<size_t>(g)];
       if (node.group_rank != g) violate("roster group ranks are not 0..n-1");
-      auto it = slot_holder_.find(
-          std::make_tuple(r.generation, r.round, r.slots[static_cast<size_t>(g)]));
+      if (r.roster.first_rank(g) != first) {
+        violate("round " + std::to_string(r.round) + ": group rank " + std::to_string(g) +
+                "'s first rank from the compact roster is " +
+                std::to_string(r.roster.first_rank(g)) + ", the members' sizes say " +
+                std::to_string(first));
+      }
+      first += node.local_world_size;
+      auto it =
+          slot_holder_.find(std::make_tuple(r.generation, r.round, slots[static_cast<size_t>(g)]));
       if (it == slot_holder_.end() || it->second != node.pid) {
-        violate("round " + std::to_string(r.round) + " slot " + r.slots[static_cast<size_t>(g)] +
+        violate("round " + std::to_string(r.round) + " slot " + slots[static_cast<size_t>(g)] +
                 " holds pid " + std::to_string(node.pid) + ", not the node that entered it");
       }
     }
-    if (r.group_rank < 0 || r.slots.at(static_cast<size_t>(r.group_rank)) != a.state->slot()) {
+    if (r.roster.world_size() != first || r.node0.pid != nodes.at(0).pid ||
+        r.node0.host != nodes.at(0).host) {
+      violate("round " + std::to_string(r.round) +
+              ": the compact roster's world size or node 0 differ from the member list");
+    }
+    if (r.group_rank < 0 || slots.at(static_cast<size_t>(r.group_rank)) != a.state->slot()) {
       violate(a.name() + " got round " + std::to_string(r.round) + " as a slot it does not hold");
     }
     auto seen = rosters_.find(key);
     if (seen == rosters_.end()) {
-      rosters_[key] = r.slots;
+      rosters_[key] = slots;
       roster_size_[key] = n;
       ++rounds;
       // The count the round should carry: the job's, which is at least the
@@ -921,7 +945,7 @@ class Sim {
       // (none of them carried the job's count: newcomers) take it from the
       // store.
       int carried = 0;
-      for (const auto& slot : r.slots) {
+      for (const auto& slot : slots) {
         auto e = entry_owed_.find(std::make_tuple(r.generation, r.round, slot));
         if (e != entry_owed_.end()) carried = std::max(carried, e->second);
       }
@@ -938,9 +962,9 @@ class Sim {
                 std::to_string(r.attempt) + ", but the job had spent " + std::to_string(owed));
       }
       job_count_ = owed;
-    } else if (seen->second != r.slots) {
+    } else if (seen->second != slots) {
       violate("round " + std::to_string(r.round) +
-              " read as two rosters: " + slots_text(seen->second) + " and " + slots_text(r.slots));
+              " read as two rosters: " + slots_text(seen->second) + " and " + slots_text(slots));
     }
   }
 
@@ -1291,7 +1315,7 @@ TEST_CASE("c10d simulation: a round whose only member was killed gives way to a 
   auto r = poll_for(b, clock, milliseconds(10'000));
   REQUIRE(r);
   CHECK(r->round == 1);
-  CHECK(r->slots == std::vector<std::string>{b.state->slot()});
+  CHECK(r->roster.slots() == std::vector<std::string>{b.state->slot()});
 }
 
 TEST_CASE(
@@ -1312,7 +1336,7 @@ TEST_CASE(
   for (int i = 0; i < 3; ++i) {
     a.round = poll_for(a, clock, milliseconds(10'000));
     REQUIRE(a.round);
-    if (a.round->slots == std::vector<std::string>{a.state->slot()}) return;
+    if (a.round->roster.slots() == std::vector<std::string>{a.state->slot()}) return;
     C10dRoundWatch watch(*a.job, nnodes(1, 3), *a.round, milliseconds(1'000), clock.fn());
     auto change = watch.check(0);
     REQUIRE(change);
@@ -1399,7 +1423,7 @@ TEST_CASE(
   auto r = poll_for(w, clock, milliseconds(10'000));
   REQUIRE(r);
   CHECK(r->round == 1);
-  CHECK(r->slots == std::vector<std::string>{w.state->slot()});
+  CHECK(r->roster.slots() == std::vector<std::string>{w.state->slot()});
 }
 
 TEST_CASE(

@@ -15,6 +15,7 @@
 #include "rendezvous/node_record.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
+#include "tests/support/fault_store.h"
 
 using namespace ctorchrun;
 using namespace std::chrono_literals;
@@ -25,6 +26,11 @@ using rendezvous::C10dState;
 using rendezvous::JobClosedError;
 
 namespace {
+
+// Every member's record, as an agent reads them on demand.
+std::vector<rendezvous::NodeInfo> members(store::Store& s, const C10dRound& r) {
+  return C10dState::read_members(s, r);
+}
 
 struct ManualClock {
   C10dState::Clock::time_point t{};
@@ -55,12 +61,19 @@ class CountingStore : public store::Store {
  public:
   explicit CountingStore(store::Store& inner) : inner_(inner) {}
   int requests = 0;
+  size_t read_bytes = 0;  // values received
   void set(const std::string& k, const std::string& v) override { ++requests, inner_.set(k, v); }
-  std::string get(const std::string& k) override { return ++requests, inner_.get(k); }
+  std::string get(const std::string& k) override {
+    auto v = inner_.get(k);
+    read_bytes += v.size();
+    return ++requests, v;
+  }
   int64_t add(const std::string& k, int64_t d) override { return ++requests, inner_.add(k, d); }
   std::string compare_set(const std::string& k, const std::string& e,
                           const std::string& d) override {
-    return ++requests, inner_.compare_set(k, e, d);
+    auto v = inner_.compare_set(k, e, d);
+    read_bytes += v.size();
+    return ++requests, v;
   }
   using Store::wait;
   void wait(const std::vector<std::string>& k, std::chrono::milliseconds t) override {
@@ -73,7 +86,9 @@ class CountingStore : public store::Store {
     ++requests, inner_.append(k, v);
   }
   std::vector<std::string> multi_get(const std::vector<std::string>& k) override {
-    return ++requests, inner_.multi_get(k);
+    auto v = inner_.multi_get(k);
+    for (const auto& x : v) read_bytes += x.size();
+    return ++requests, v;
   }
   void multi_set(const std::vector<std::string>& k, const std::vector<std::string>& v) override {
     ++requests, inner_.multi_set(k, v);
@@ -133,13 +148,13 @@ TEST_CASE(
   CHECK(rb->group_rank == 1);
   CHECK(ra->round == 0);
   CHECK(ra->attempt == 0);
-  REQUIRE(ra->nodes.size() == 2);
-  CHECK(ra->nodes[0].host == "a");
-  CHECK(ra->nodes[0].local_world_size == 2);
-  CHECK(ra->nodes[0].pid == 11);
-  CHECK(ra->nodes[1].host == "b");
-  CHECK(ra->nodes[1].local_world_size == 3);
-  CHECK(rb->nodes[1].pid == 22);
+  REQUIRE(ra->roster.size() == 2);
+  CHECK(members(hs, *ra)[0].host == "a");
+  CHECK(members(hs, *ra)[0].local_world_size == 2);
+  CHECK(members(hs, *ra)[0].pid == 11);
+  CHECK(members(hs, *ra)[1].host == "b");
+  CHECK(members(hs, *ra)[1].local_world_size == 3);
+  CHECK(members(hs, *rb)[1].pid == 22);
   CHECK(hs.check({"g0/rdzv/0/complete"}));
 }
 
@@ -161,7 +176,7 @@ TEST_CASE("C10dState: MIN:MAX completes after last_call_timeout on the waiting n
   clock.advance(1s);
   auto r = a.state.poll();
   REQUIRE(r.has_value());
-  CHECK(r->nodes.size() == 2);
+  CHECK(r->roster.size() == 2);
   REQUIRE(b.state.poll().has_value());
 }
 
@@ -177,7 +192,7 @@ TEST_CASE("C10dState: a node joining during last call is in the round", "[unit]"
   clock.advance(5s);
   auto r = a.state.poll();
   REQUIRE(r.has_value());
-  CHECK(r->nodes.size() == 2);
+  CHECK(r->roster.size() == 2);
   auto rb = b.state.poll();
   REQUIRE(rb.has_value());
   CHECK(rb->group_rank == 1);
@@ -208,7 +223,7 @@ TEST_CASE(
   clock.advance(5s);
   auto r0 = a.state.poll();
   REQUIRE(r0.has_value());
-  CHECK(r0->nodes.size() == 1);
+  CHECK(r0->roster.size() == 1);
   C10dRoundWatch watch(hs, settings(1, 3), *r0, 5s, clock.fn());
   CHECK_FALSE(watch.check(0).has_value());  // nobody waits
 
@@ -232,7 +247,7 @@ TEST_CASE(
   CHECK(r1a->round == 1);
   CHECK(r1a->group_rank == 0);
   CHECK(r1b->group_rank == 1);
-  CHECK(r1b->nodes[0].host == "a");
+  CHECK(members(hs, *r1b)[0].host == "a");
   CHECK(r1b->attempt == 2);  // the newcomer takes the job's count
   CHECK(r1a->attempt == 2);
 }
@@ -336,10 +351,10 @@ TEST_CASE("C10dState: a lost member's place goes to a spare, the survivors keep 
   n[0]->state.rejoin(r0[0], 0, first.lost);     // the last survivor: complete at once
   auto ra = n[0]->state.poll();
   REQUIRE(ra);
-  REQUIRE(ra->nodes.size() == 3);
-  CHECK(ra->nodes[0].host == "a");
-  CHECK(ra->nodes[1].host == "c");
-  CHECK(ra->nodes[2].host == "s");
+  REQUIRE(ra->roster.size() == 3);
+  CHECK(members(hs, *ra)[0].host == "a");
+  CHECK(members(hs, *ra)[1].host == "c");
+  CHECK(members(hs, *ra)[2].host == "s");
   auto rs = spare.state.poll();
   REQUIRE(rs);
   CHECK(rs->group_rank == 2);
@@ -368,7 +383,7 @@ TEST_CASE(
   clock.advance(2s);
   auto r1 = a.state.poll();  // last call over: without b
   REQUIRE(r1);
-  CHECK(r1->nodes.size() == 1);
+  CHECK(r1->roster.size() == 1);
   b.state.rejoin(*r0b, 0, {});
   CHECK_FALSE(b.state.poll().has_value());
   CHECK(b.state.round() == 2);  // a newcomer of the next round
@@ -457,8 +472,11 @@ TEST_CASE(
   CHECK(hs.tally_count("g0/rdzv/0/joined") == 1);
 }
 
-TEST_CASE("C10dState: store requests per node are bounded by a constant, whatever the size",
-          "[unit]") {
+TEST_CASE(
+    "C10dState: store requests per node are bounded by a constant whatever the size and a "
+    "member that does not build the roster reads the same bytes at 4 and 64 nodes",
+    "[unit]") {
+  size_t member_bytes_at_4 = 0;
   for (int n : {4, 64}) {
     store::HashStore hs;
     ManualClock clock;
@@ -470,10 +488,21 @@ TEST_CASE("C10dState: store requests per node are bounded by a constant, whateve
                                                   timing(1s), clock.fn(), clock.wall_fn()));
     }
     for (auto& s : nodes) s->join();
+    size_t member_bytes = 0;
     for (size_t i = 0; i < nodes.size(); ++i) {
-      REQUIRE(nodes[i]->poll().has_value());
-      CHECK(stores[i]->requests <= 20);
+      auto r = nodes[i]->poll();
+      REQUIRE(r.has_value());
+      // The builder writes the full list too.
+      CHECK(stores[i]->requests <= (r->builder == nodes[i]->slot() ? 21 : 20));
+      if (r->builder != nodes[i]->slot()) {
+        member_bytes = std::max(member_bytes, stores[i]->read_bytes);
+      }
     }
+    // O(runs), not O(N): one run of slots and one of sizes at either size;
+    // only the numbers' digits grow.
+    if (n == 4) member_bytes_at_4 = member_bytes;
+    CHECK(member_bytes > 0);
+    CHECK(member_bytes <= member_bytes_at_4 + 16);
   }
 }
 
@@ -492,7 +521,7 @@ TEST_CASE("C10dState: racing joiners on threads get distinct ranks and one membe
         for (int step = 0; step < 1000; ++step) {
           if (auto r = s.poll()) {
             ranks[static_cast<size_t>(i)] = r->group_rank;
-            sizes[static_cast<size_t>(i)] = r->nodes.size();
+            sizes[static_cast<size_t>(i)] = r->roster.size();
             return;
           }
           try {
@@ -527,7 +556,7 @@ TEST_CASE("C10dState: two run ids on one store do not see each other", "[unit]")
   b.state.join();  // different settings, different job: no refusal
   auto r = a.state.poll();
   REQUIRE(r.has_value());
-  CHECK(r->nodes.size() == 1);
+  CHECK(r->roster.size() == 1);
   CHECK_FALSE(b.state.poll().has_value());
 }
 
@@ -589,8 +618,8 @@ TEST_CASE(
   n[2]->state.rejoin(r[2], 0, change->lost);
   auto r1 = n[0]->state.poll();
   REQUIRE(r1);
-  REQUIRE(r1->nodes.size() == 2);
-  CHECK(r1->nodes[1].host == "c");
+  REQUIRE(r1->roster.size() == 2);
+  CHECK(members(hs, *r1)[1].host == "c");
 }
 
 TEST_CASE(
@@ -605,10 +634,10 @@ TEST_CASE(
   b.state.join();
   auto ra = a.state.poll();
   REQUIRE(ra);
-  REQUIRE(ra->slots.size() == 2);
+  REQUIRE(ra->roster.size() == 2);
   C10dRoundWatch w(hs, settings(2, 2), *ra, 3600s, clock.fn());
   CHECK_FALSE(w.check(0).has_value());
-  hs.set("g0/rdzv/0/node/" + ra->slots[1] + "#gone", "1");
+  hs.set("g0/rdzv/0/node/" + ra->roster.slot(1) + "#gone", "1");
   auto change = w.check(0);
   REQUIRE(change);
   CHECK(change->lost == std::vector<int>{1});
@@ -685,9 +714,9 @@ TEST_CASE(
   clock.advance(5s);
   auto ra = a.state.poll();
   REQUIRE(ra.has_value());
-  REQUIRE(ra->nodes.size() == 2);
-  CHECK(ra->nodes[0].host == "a");
-  CHECK(ra->nodes[1].host == "b");
+  REQUIRE(ra->roster.size() == 2);
+  CHECK(members(hs, *ra)[0].host == "a");
+  CHECK(members(hs, *ra)[1].host == "b");
   auto rb = b.state.poll();
   REQUIRE(rb.has_value());
   CHECK(rb->group_rank == 1);
@@ -713,8 +742,8 @@ TEST_CASE(
   clock.advance(5s);
   auto ra = a.state.poll();
   REQUIRE(ra.has_value());
-  REQUIRE(ra->nodes.size() == 2);
-  CHECK(ra->nodes[1].host == "c");
+  REQUIRE(ra->roster.size() == 2);
+  CHECK(members(hs, *ra)[1].host == "c");
 }
 
 TEST_CASE("C10dRoundWatch: a node that died or left while waiting to be admitted re-forms nothing",
@@ -744,8 +773,8 @@ TEST_CASE("C10dRoundWatch: a node that died or left while waiting to be admitted
   a.state.rejoin(*r0, 0, change->lost);
   auto r1 = a.state.poll();
   REQUIRE(r1.has_value());
-  REQUIRE(r1->nodes.size() == 2);
-  CHECK(r1->nodes[1].host == "x");
+  REQUIRE(r1->roster.size() == 2);
+  CHECK(members(hs, *r1)[1].host == "x");
 }
 
 TEST_CASE(
@@ -784,8 +813,8 @@ TEST_CASE(
   n[2]->state.rejoin(r[2], 0, change->lost);
   auto r1 = n[2]->state.poll();
   REQUIRE(r1.has_value());
-  REQUIRE(r1->nodes.size() == 2);
-  CHECK(r1->nodes[0].host == "b");
+  REQUIRE(r1->roster.size() == 2);
+  CHECK(members(hs, *r1)[0].host == "b");
   CHECK(r1->group_rank == 1);
 }
 
@@ -822,7 +851,7 @@ TEST_CASE(
   b.state.join();
   auto r0 = a.state.poll();
   REQUIRE(r0.has_value());
-  REQUIRE(r0->nodes.size() == 2);
+  REQUIRE(r0->roster.size() == 2);
   // Both members are stopped by a signal: they leave on purpose.
   C10dRoundWatch::leave(hs, 0, 0, 0);
   C10dRoundWatch::leave(hs, 0, 0, 1);
@@ -837,7 +866,7 @@ TEST_CASE(
   REQUIRE(rc.has_value());
   CHECK(rc->round == 1);
   CHECK(rc->group_rank == 0);
-  CHECK(rc->nodes.size() == 1);
+  CHECK(rc->roster.size() == 1);
   const std::string reform = hs.get("g0/rdzv/0/reform");
   CHECK_THAT(reform, Catch::Contains("agent left"));
 }
@@ -856,7 +885,7 @@ TEST_CASE(
   }
   std::vector<C10dRound> r;
   for (auto& x : n) r.push_back(*x->state.poll());
-  REQUIRE(r[0].nodes.size() == 3);
+  REQUIRE(r[0].roster.size() == 3);
   C10dRoundWatch w0(hs, settings(1, 3), r[0], 5s, clock.fn());
   auto change = w0.reform({"node 2 lost", {2}, "heartbeat timeout"});
   n[0]->state.rejoin(r[0], 0, change.lost);
@@ -872,8 +901,8 @@ TEST_CASE(
     n[1]->state.rejoin(r[1], 0, change.lost);
     auto ra = n[0]->state.poll();
     REQUIRE(ra.has_value());
-    REQUIRE(ra->nodes.size() == 2);
-    CHECK(ra->nodes[1].host == "b");
+    REQUIRE(ra->roster.size() == 2);
+    CHECK(members(hs, *ra)[1].host == "b");
   }
   SECTION("it announced 10 s and never comes: the round forms after 10 s plus the margin") {
     C10dRoundWatch::announce_stopping(hs, r[1], 10s);
@@ -884,13 +913,13 @@ TEST_CASE(
     clock.advance(1ms);
     auto ra = n[0]->state.poll();
     REQUIRE(ra.has_value());
-    CHECK(ra->nodes.size() == 1);
+    CHECK(ra->roster.size() == 1);
   }
   SECTION("it announced nothing (or its key vanished with it): last_call_timeout as before") {
     clock.advance(5s);
     auto ra = n[0]->state.poll();
     REQUIRE(ra.has_value());
-    CHECK(ra->nodes.size() == 1);
+    CHECK(ra->roster.size() == 1);
   }
 }
 
@@ -1023,8 +1052,8 @@ TEST_CASE(
   std::optional<C10dRound> r;
   for (int i = 0; i < 10 && !r; ++i, clock.advance(1s)) r = b.poll();
   REQUIRE(r);
-  CHECK(r->nodes.size() == 2);
-  CHECK(r->nodes[0].host == "b");
+  CHECK(r->roster.size() == 2);
+  CHECK(members(hs, *r)[0].host == "b");
   CHECK(r->attempt == 2);
   CHECK(hs.get(C10dState::count_key(0)) == "2");
   // The roster carries it: every reader agrees.
@@ -1081,6 +1110,101 @@ TEST_CASE(
   std::optional<C10dRound> r1;
   for (int i = 0; i < 10 && !r1; ++i, clock.advance(1s)) r1 = late.state.poll();
   REQUIRE(r1);
-  CHECK(r1->nodes.size() == 3);
-  CHECK(r1->nodes[2].host == "late");
+  CHECK(r1->roster.size() == 3);
+  CHECK(members(hs, *r1)[2].host == "late");
+}
+
+TEST_CASE(
+    "C10dState: a member lost between the roster's publication and another's read still has "
+    "its place and its record in the member list",
+    "[unit]") {
+  auto hs = std::make_shared<store::HashStore>();
+  ManualClock clock;
+  std::vector<std::shared_ptr<testing::BoundKeyStore>> presence;
+  std::vector<std::unique_ptr<C10dState>> nodes;
+  const std::vector<int> sizes{4, 2, 4};
+  for (int i = 0; i < 3; ++i) {
+    presence.push_back(std::make_shared<testing::BoundKeyStore>(hs));
+    nodes.push_back(std::make_unique<C10dState>(
+        *hs, settings(3, 3),
+        node(std::string(1, static_cast<char>('a' + i)), sizes[size_t(i)], 100 + i), timing(1s),
+        clock.fn(), clock.wall_fn(), presence.back().get()));
+  }
+  for (auto& n : nodes) n->join();
+  // The third entrant completed the round; b dies before a reads it.
+  auto rc = nodes[2]->poll();
+  REQUIRE(rc.has_value());
+  presence[1]->kill();
+  CHECK_FALSE(hs->check({"g0/rdzv/0/node/" + nodes[1]->slot()}));
+  auto ra = nodes[0]->poll();
+  REQUIRE(ra.has_value());
+  CHECK(ra->group_rank == 0);
+  CHECK(ra->roster.size() == 3);
+  CHECK(ra->roster.world_size() == 10);
+  CHECK(ra->roster.first_rank(2) == 6);
+  CHECK(rc->group_rank == 2);
+  CHECK(ra->node0.host == "a");
+  CHECK(ra->node0.pid == 100);
+  // The list names b still (events of its loss need its host and pid).
+  const auto list = members(*hs, *ra);
+  REQUIRE(list.size() == 3);
+  CHECK(list[1].host == "b");
+  CHECK(list[1].pid == 101);
+  CHECK(list[1].local_world_size == 2);
+  // The watch sees b lost through its record's gone marker and re-forms.
+  C10dRoundWatch watch(*hs, settings(3, 3), *ra, 1s, clock.fn());
+  auto change = watch.check(0);
+  REQUIRE(change.has_value());
+  CHECK(change->lost == std::vector<int>{1});
+  // A member list that does not match the roster is refused.
+  hs->set(C10dState::round_key(0, 0, "members/" + ra->builder), "[]");
+  CHECK_THROWS_AS(members(*hs, *ra), ProtocolError);
+}
+
+TEST_CASE(
+    "C10dState: a stale roster claim is taken over by one node at a time and a fresh "
+    "takeover gets its own claim_timeout",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  // A claimant that went silent before the round completed.
+  hs.set("g0/rdzv/0/claim", "n9");
+  Node a(hs, clock, settings(3, 3), "a");
+  Node b(hs, clock, settings(3, 3), "b");
+  Node c(hs, clock, settings(3, 3), "c");
+  a.state.join();
+  b.state.join();
+  c.state.join();
+  CHECK_FALSE(a.state.poll().has_value());
+  CHECK_FALSE(b.state.poll().has_value());
+  clock.advance(11s);  // past claim_timeout (10 s)
+  // Another node took the stale claim over meanwhile: a waits for it rather
+  // than building the roster as well.
+  hs.set("g0/rdzv/0/claim", "n8");
+  CHECK_FALSE(a.state.poll().has_value());
+  CHECK_FALSE(hs.check({"g0/rdzv/0/complete"}));
+  CHECK(hs.get("g0/rdzv/0/claim") == "n8");
+  // That one went silent too: a takes it over and builds the roster.
+  clock.advance(11s);
+  auto ra = a.state.poll();
+  REQUIRE(ra.has_value());
+  CHECK(ra->builder == a.state.slot());
+  CHECK(hs.get("g0/rdzv/0/claim") == a.state.slot());
+  auto rb = b.state.poll();
+  REQUIRE(rb.has_value());
+  CHECK(rb->roster == ra->roster);
+}
+
+TEST_CASE("C10dState: a member list removed from the store is an error at once, not a wait",
+          "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  Node a(hs, clock, settings(1, 1), "a");
+  a.state.join();
+  auto r = a.state.poll();
+  REQUIRE(r.has_value());
+  REQUIRE(members(hs, *r).size() == 1);
+  hs.delete_key(C10dState::round_key(0, 0, "members/" + r->builder));
+  // HashStore's get would wait for the key: read_members must not.
+  CHECK_THROWS_AS(members(hs, *r), ProtocolError);
 }
