@@ -67,6 +67,14 @@ size_t chunk_bytes() {
   return static_cast<size_t>(value) / kPage * kPage;
 }
 
+// How long a waiting rank spins (and yields) before it sleeps on the futex:
+// CTORCHRUN_DIST_SHM_SPIN_US, default 1000. A futex wake-up costs tens of
+// microseconds on a loaded machine; a spinning peer answers in one.
+std::chrono::microseconds spin_time() {
+  const std::string text = env_text("CTORCHRUN_DIST_SHM_SPIN_US");
+  return std::chrono::microseconds(text.empty() ? 1000 : std::max(0, std::atoi(text.c_str())));
+}
+
 // Where segments live: /dev/shm (shm_open's), or CTORCHRUN_DIST_SHM_DIR
 // (tests point it at a directory of their own).
 std::string shm_dir() {
@@ -609,12 +617,16 @@ class ShmBackend : public Backend {
       }
       return true;
     };
-    for (int i = 0; i < 2000; ++i) {
-      if (all_in()) return;
-      cpu_relax();
-    }
-    for (int i = 0; i < 50; ++i) {
-      if (all_in()) return;
+    // Spin, yielding every few microseconds so that a peer sharing this
+    // core (more ranks than cores) runs, for spin_; then sleep.
+    if (all_in()) return;
+    const auto spin_end = Clock::now() + spin_;
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (all_in()) return;
+        cpu_relax();
+      }
+      if (Clock::now() >= spin_end) break;
       ::sched_yield();
     }
     auto next_check = Clock::now();
@@ -829,6 +841,7 @@ class ShmBackend : public Backend {
   std::unique_ptr<Backend> gloo_;  // gather, scatter, all_to_all, send, recv
   const size_t chunk_;
   const Layout layout_;
+  const std::chrono::microseconds spin_ = spin_time();
   Header* header_ = nullptr;
   std::vector<int> pidfds_;  // -1: none (this process, or no pidfd_open)
   // Touched only by the thread running the group's current op.

@@ -16,6 +16,7 @@ packages=(
   iproute2 procps psmisc
   etcd-server etcd-client
   debootstrap
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()
