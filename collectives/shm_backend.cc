@@ -41,7 +41,9 @@ using std::chrono::milliseconds;
 constexpr const char* kNamePrefix = "ctdist.";
 constexpr uint32_t kMagic = 0x4d485343;  // "CSHM"
 constexpr size_t kPage = 4096;
-constexpr size_t kDefaultChunk = size_t{1} << 20;
+constexpr size_t kDefaultChunk = size_t{4} << 20;
+constexpr size_t kMinChunk = size_t{64} << 10;
+constexpr size_t kDefaultSegment = size_t{32} << 20;  // fits Docker's default /dev/shm (64 MiB)
 constexpr milliseconds kSlice{50};  // futex sleep, and so failure detection, granularity
 
 std::string env_text(const char* name) {
@@ -49,10 +51,15 @@ std::string env_text(const char* name) {
   return value == nullptr ? std::string() : std::string(value);
 }
 
-// Bytes of one rank's buffer (two per rank): CTORCHRUN_DIST_SHM_CHUNK.
-size_t chunk_bytes() {
+// Bytes of one rank's buffer (two per rank): CTORCHRUN_DIST_SHM_CHUNK, else
+// 4 MiB, less when `ranks` would make the segment larger than 32 MiB. Fewer,
+// larger chunks mean fewer barriers, which cost most on a loaded host.
+size_t chunk_bytes(int ranks) {
   const std::string text = env_text("CTORCHRUN_DIST_SHM_CHUNK");
-  if (text.empty()) return kDefaultChunk;
+  if (text.empty()) {
+    const size_t fit = kDefaultSegment / (2 * static_cast<size_t>(ranks)) / kPage * kPage;
+    return std::max(kMinChunk, std::min(kDefaultChunk, fit));
+  }
   size_t used = 0;
   unsigned long long value = 0;
   try {
@@ -60,7 +67,7 @@ size_t chunk_bytes() {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || value < (64u << 10) || value > (64u << 20)) {
+  if (used != text.size() || value < kMinChunk || value > (64u << 20)) {
     throw ConfigError("CTORCHRUN_DIST_SHM_CHUNK='" + text +
                       "' must be a byte count from 65536 to 67108864");
   }
@@ -245,8 +252,7 @@ std::unique_ptr<Mapping> map_segment(const std::string& dir, const std::string& 
     struct stat st {};
     if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != layout.total) {
       throw IoError(dir + "/" + name + " does not have the size this rank expects (" +
-                    std::to_string(layout.total) +
-                    " bytes); do all ranks run the same library and CTORCHRUN_DIST_SHM_CHUNK?");
+                    std::to_string(layout.total) + " bytes); do all ranks run the same library?");
     }
   }
   void* base =
@@ -317,7 +323,7 @@ std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std
   store::Store& store = *context.store;
   const int rank = context.rank;
   const int size = context.size;
-  const size_t chunk = chunk_bytes();
+  size_t chunk = rank == 0 ? chunk_bytes(size) : 0;
   std::string name;
   std::unique_ptr<Mapping> mapping;
   std::string error;
@@ -326,13 +332,20 @@ std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std
     std::random_device random;
     name = std::string(kNamePrefix) + pid_namespace() + "." + std::to_string(::getpid()) + "." +
            job_tag() + "." + hex(fnv1a(context.group_key), 16) + "." + hex(random(), 8);
-    try {
-      mapping = map_segment(dir, name, size, chunk, true);
-    } catch (const Error& e) {
-      error = e.what();
-      unlink_segment(dir, name);
+    // A tmpfs too full for the segment: halve the chunk down to 64 KiB.
+    for (;;) {
+      try {
+        mapping = map_segment(dir, name, size, chunk, true);
+        error.clear();
+        break;
+      } catch (const Error& e) {
+        error = e.what();
+        unlink_segment(dir, name);
+      }
+      if (chunk / 2 < kMinChunk) break;
+      chunk = chunk / 2 / kPage * kPage;
     }
-    store.set("shm/name", error.empty() ? name : "!" + error);
+    store.set("shm/name", error.empty() ? std::to_string(chunk) + " " + name : "!" + error);
     if (!error.empty()) {
       why = "rank 0 could not create the segment: " + error;
       return nullptr;
@@ -351,6 +364,10 @@ std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std
       why = "rank 0 could not create the segment: " + name.substr(1);
       return nullptr;
     }
+    // "<chunk> <name>": rank 0's chunk size holds for every rank.
+    const size_t space = name.find(' ');
+    chunk = static_cast<size_t>(std::strtoull(name.c_str(), nullptr, 10));
+    name = space == std::string::npos ? name : name.substr(space + 1);
     try {
       mapping = map_segment(dir, name, size, chunk, false);
     } catch (const Error& e) {

@@ -24,9 +24,11 @@
 // a full /dev/shm is an error at set-up, never a SIGBUS later) and publishes
 // the name; every rank maps it and says so in the store; once all have, the
 // name is unlinked, so that a process killed later leaves nothing behind.
-// Its size is bounded: a control page plus two buffers of
-// CTORCHRUN_DIST_SHM_CHUNK bytes (default 1 MiB, 64 KiB to 64 MiB) per
-// rank; larger messages go in chunks.
+// Its size is bounded: a control page plus two buffers of a chunk per rank,
+// the chunk 4 MiB, or less so that the segment stays within 32 MiB
+// (CTORCHRUN_DIST_SHM_CHUNK sets it, 64 KiB to 64 MiB; rank 0's holds);
+// when the directory cannot hold that, rank 0 halves the chunk down to
+// 64 KiB before it gives up. Larger messages go in chunks.
 //
 // Algorithms: up to kShmFlatBytes an all_reduce is flat (every rank copies
 // its buffer in, then reduces all of them itself, in rank order); larger

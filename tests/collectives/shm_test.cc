@@ -210,28 +210,50 @@ TEST_CASE("shm isolation: two jobs with one run id and two groups of one job sha
   CHECK(dir.entries().empty());
 }
 
-TEST_CASE("shm fallback: a full /dev/shm makes the groups use gloo with one warning per process",
-          "[multiproc]") {
-  // A private 16 KiB tmpfs over /dev/shm in a mount namespace of the job's
-  // own (needs root, as CI runs).
-  REQUIRE(::geteuid() == 0);
-  std::vector<std::string> argv = {"/usr/bin/unshare",
-                                   "--mount",
-                                   "/bin/sh",
-                                   "-c",
-                                   "mount -t tmpfs -o size=16k tmpfs /dev/shm && exec \"$@\"",
-                                   "sh",
-                                   CTORCHRUN_BIN};
+namespace {
+
+// A job of two ranks (`loop 50`) in a mount namespace of its own, over a
+// private tmpfs of `size` on /dev/shm (needs root, as CI runs).
+std::pair<int, std::string> job_with_small_dev_shm(const std::string& size) {
+  std::vector<std::string> argv = {
+      "/usr/bin/unshare",
+      "--mount",
+      "/bin/sh",
+      "-c",
+      "mount -t tmpfs -o size=" + size + " tmpfs /dev/shm && exec \"$@\"",
+      "sh",
+      CTORCHRUN_BIN};
   for (const auto& a : launch_args(2, {"loop", "50"})) argv.push_back(a);
   Process job(argv, {}, true);
-  const std::string out = job.read_all(seconds(120));
+  std::string out = job.read_all(seconds(120));
+  return {job.exit_code(seconds(10)), out};
+}
+
+}  // namespace
+
+TEST_CASE("shm fallback: a full /dev/shm makes the groups use gloo with one warning per process",
+          "[multiproc]") {
+  REQUIRE(::geteuid() == 0);
+  auto [code, out] = job_with_small_dev_shm("16k");
   INFO(out);
-  CHECK(job.exit_code(seconds(10)) == 0);
+  CHECK(code == 0);
   CHECK(count_lines_with(out, "transport gloo gloo") == 2);
   CHECK(count_lines_with(out, " ok") == 2);
   // Two groups in each of two processes: one warning per process.
   CHECK(count_lines_with(out, "shared-memory collectives unavailable") == 2);
   CHECK_THAT(out, Catch::Contains("No space left on device"));
+}
+
+TEST_CASE("shm fallback: a small /dev/shm takes smaller chunks and stays on shared memory",
+          "[multiproc]") {
+  REQUIRE(::geteuid() == 0);
+  // 1 MiB holds two ranks' buffers of 128 KiB, not of the default 4 MiB.
+  auto [code, out] = job_with_small_dev_shm("1m");
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(count_lines_with(out, "transport shm shm") == 2);
+  CHECK(count_lines_with(out, " ok") == 2);
+  CHECK(count_lines_with(out, "shared-memory collectives unavailable") == 0);
 }
 
 TEST_CASE("shm sweep: segments of dead creators are removed and live ones kept", "[unit]") {
