@@ -634,8 +634,10 @@ class ShmBackend : public Backend {
       }
       return true;
     };
-    // Spin, yielding every few microseconds so that a peer sharing this
-    // core (more ranks than cores) runs, for spin_; then sleep.
+    // Spin for spin_, then sleep. With more ranks than cores, yield every
+    // few microseconds so that a peer sharing this core runs (Open MPI's
+    // yield_when_idle when oversubscribed); otherwise a yield only hands
+    // the core to unrelated work.
     if (all_in()) return;
     const auto spin_end = Clock::now() + spin_;
     for (;;) {
@@ -644,7 +646,7 @@ class ShmBackend : public Backend {
         cpu_relax();
       }
       if (Clock::now() >= spin_end) break;
-      ::sched_yield();
+      if (oversubscribed_) ::sched_yield();
     }
     auto next_check = Clock::now();
     for (;;) {
@@ -859,6 +861,7 @@ class ShmBackend : public Backend {
   const size_t chunk_;
   const Layout layout_;
   const std::chrono::microseconds spin_ = spin_time();
+  const bool oversubscribed_ = size_ > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   Header* header_ = nullptr;
   std::vector<int> pidfds_;  // -1: none (this process, or no pidfd_open)
   // Touched only by the thread running the group's current op.
