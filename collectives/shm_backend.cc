@@ -757,15 +757,35 @@ class ShmBackend : public Backend {
             });
       } else {
         // Reduce-scatter: rank r reduces elements [lo(r), lo(r + 1)) of the
-        // chunk into its buffer; then the ranks that need the result copy
-        // every share.
+        // chunk, in rank order, into its own buffer and the shared one; then
+        // the ranks that need the result copy every share. A rank copies in
+        // only the shares others reduce and reads its own from its buffer
+        // (ranks 0 and 1: the first reduction step may write where it
+        // reads); ranks from 2 copy theirs in too, as the chain has written
+        // over it by the time it reads it. At two ranks that moves 4.5 bytes
+        // a byte of the message instead of 5.5.
         auto lo = [&](int r) { return n * static_cast<size_t>(r) / static_cast<size_t>(size_); };
         const size_t mine = lo(rank_) * es;
         const size_t mine_len = (lo(rank_ + 1) - lo(rank_)) * es;
+        const bool own_in_place = rank_ < 2;
         step(
-            call, [&](int p) { copy(buffer(rank_, p), out, len); },
+            call,
             [&](int p) {
-              reduce_ranks(out + mine, p, mine, mine_len / es, fn);
+              for (int r = 0; r < size_; ++r) {
+                if (r == rank_ && own_in_place) continue;
+                const size_t at = lo(r) * es;
+                copy(buffer(rank_, p) + at, out + at, (lo(r + 1) - lo(r)) * es);
+              }
+            },
+            [&](int p) {
+              auto source = [&](int r) -> const uint8_t* {
+                return r == rank_ && own_in_place ? out + mine : buffer(r, p) + mine;
+              };
+              if (mine_len > 0) {
+                fn(out + mine, source(0), source(1), mine_len / es);
+                for (int r = 2; r < size_; ++r)
+                  fn(out + mine, out + mine, source(r), mine_len / es);
+              }
               copy(buffer(rank_, p) + mine, out + mine, mine_len);
               barrier(call);
               if (!root) return;
