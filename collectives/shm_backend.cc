@@ -638,16 +638,27 @@ class ShmBackend : public Backend {
     // few microseconds so that a peer sharing this core runs (Open MPI's
     // yield_when_idle when oversubscribed); otherwise a yield only hands
     // the core to unrelated work.
+    //
+    // The spin adapts: each wait that ends in the spin doubles the next
+    // one's budget (up to spin_), each that has to sleep quarters it (down
+    // to 10 us). On a loaded host the kernel may put a rank woken from the
+    // futex on the core of the rank that woke it; that rank's full spin
+    // then only keeps the other from running, and every call cost the
+    // whole spin (1 ms at 4 B, two ranks, load average 20).
     if (all_in()) return;
-    const auto spin_end = Clock::now() + spin_;
+    const auto spin_end = Clock::now() + spin_now_;
     for (;;) {
       for (int i = 0; i < 64; ++i) {
-        if (all_in()) return;
+        if (all_in()) {
+          spin_now_ = std::min(spin_, spin_now_ * 2 + std::chrono::microseconds(1));
+          return;
+        }
         cpu_relax();
       }
       if (Clock::now() >= spin_end) break;
       if (oversubscribed_) ::sched_yield();
     }
+    spin_now_ = std::max(std::min(spin_, std::chrono::microseconds(10)), spin_now_ / 4);
     auto next_check = Clock::now();
     for (;;) {
       header_->waiters.fetch_add(1, std::memory_order_seq_cst);
@@ -882,6 +893,7 @@ class ShmBackend : public Backend {
   const Layout layout_;
   const std::chrono::microseconds spin_ = spin_time();
   const bool oversubscribed_ = size_ > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  std::chrono::microseconds spin_now_ = spin_;  // the adaptive budget, at most spin_
   Header* header_ = nullptr;
   std::vector<int> pidfds_;  // -1: none (this process, or no pidfd_open)
   // Touched only by the thread running the group's current op.
