@@ -12,11 +12,11 @@ packages=(
   libssl-dev openssl
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2
   libgloo-dev
+  openmpi-bin libopenmpi-dev
   python3-torch python3-numpy
   iproute2 procps psmisc
   etcd-server etcd-client
   debootstrap
-  openmpi-bin libopenmpi-dev
 )
 
 missing=()
