@@ -1,65 +1,119 @@
 #!/usr/bin/env bash
-# Collective benchmark: ctorch-collective-bench (libctorch_dist on gloo)
-# against torch.distributed with gloo (torch 1.13), 2 ranks under ctorchrun,
-# same machine, one run, interleaved pairs: for each op a sweep of every size
-# with ours, then one with torch's, REPS times (default 3), so machine noise
-# hits both alike; the table keeps each side's best (lowest) time per size.
-#   bench/collective_bench.sh [--quick] [OPS...]   (build first: scripts/build.sh)
-# BACKEND=nccl compares the nccl backends instead (torch 2.x with CUDA; one
-# rank per GPU: NPROC defaults to 1 there, 2 for gloo; MAX to 1G).
-# Prints one JSON line per measurement and a markdown table.
+# Collective benchmark, four systems in one run on this host, nccl-tests'
+# definitions (bytes, mean time of the slowest rank, algbw, busbw):
+#   shm    ctorch-collective-bench, libctorch_dist's default between ranks of
+#          one host (the shared-memory path)
+#   gloo   the same with CTORCHRUN_DIST_SHM=0 (gloo over loopback TCP)
+#   torch  torch.distributed with gloo (bench/collective_bench_torch.py;
+#          all_reduce, broadcast, all_gather only)
+#   mpi    Open MPI (build/bin/ctorch-mpi-bench under mpirun --oversubscribe
+#          --allow-run-as-root; built when CMake finds MPI)
+# For each repetition, world size and op, the four sweep every size in turn,
+# so that machine noise hits all alike; the tables give each system's median
+# time per size over the repetitions.
+#   bench/collective_bench.sh [--quick] [OPS...]     (build first: scripts/build.sh)
+# Environment: NPROCS (default "2 4"), REPS (default 3), MAX (default 256M),
+# SYSTEMS (default "shm gloo torch mpi"). Prints the load average, the
+# memory-bandwidth floor (build/bin/ctorch-membw), one JSON line per
+# measurement and a markdown table per op and world size.
+# BACKEND=nccl compares the nccl backends instead (ours against torch 2.x
+# with CUDA; one rank per GPU: NPROCS defaults to 1 there; MAX to 1G).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${CTORCHRUN_PYTHON:-/usr/bin/python3}
 export CTORCHRUN_PYTHON=$python
 backend=${BACKEND:-gloo}
-nproc=${NPROC:-$([ "$backend" = nccl ] && echo 1 || echo 2)}
-max=${MAX:-$([ "$backend" = nccl ] && echo 1G || echo 256M)}
+if [ "$backend" = nccl ]; then
+  nprocs=${NPROCS:-${NPROC:-1}}
+  max=${MAX:-1G}
+  systems=${SYSTEMS:-ours torch}
+else
+  nprocs=${NPROCS:-${NPROC:-2 4}}
+  max=${MAX:-256M}
+  systems=${SYSTEMS:-shm gloo torch mpi}
+fi
 if [ "${1:-}" = "--quick" ]; then max=1M; shift; fi
 ops=${*:-all_reduce broadcast all_gather}
+reps=${REPS:-3}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
 port() { echo $((20000 + RANDOM % 12000)); }
-reps=${REPS:-3}
+
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)," \
+  "$(nproc) cores"
+if [ -x build/bin/ctorch-membw ]; then
+  echo "# memory-bandwidth floor: $(build/bin/ctorch-membw)"
+fi
+
+ours() {  # SHM_SWITCH NPROC OP
+  CTORCHRUN_DIST_SHM=$1 build/bin/ctorchrun --nproc_per_node="$2" --master_port="$(port)" \
+    --no_python build/bin/ctorch-collective-bench --backend "$backend" --op "$3" \
+    --min-bytes 4 --max-bytes "$max" --json 2>/dev/null
+}
 
 for rep in $(seq 1 "$reps"); do
-  for op in $ops; do
-    build/bin/ctorchrun --nproc_per_node="$nproc" --master_port="$(port)" --no_python \
-      build/bin/ctorch-collective-bench --backend "$backend" --op "$op" --min-bytes 4 \
-      --max-bytes "$max" --json \
-      2>/dev/null | sed 's/^/ours /' | tee -a "$out"
-    build/bin/ctorchrun --nproc_per_node="$nproc" --master_port="$(port)" \
-      bench/collective_bench_torch.py --backend "$backend" --op "$op" --min-bytes 4 \
-      --max-bytes "$max" --json \
-      2>/dev/null | sed 's/^/torch /' | tee -a "$out"
+  for n in $nprocs; do
+    for op in $ops; do
+      for who in $systems; do
+        case $who in
+          shm | ours) ours 1 "$n" "$op" ;;
+          gloo) ours 0 "$n" "$op" ;;
+          torch)
+            case $op in all_reduce | broadcast | all_gather) ;; *) continue ;; esac
+            build/bin/ctorchrun --nproc_per_node="$n" --master_port="$(port)" \
+              bench/collective_bench_torch.py --backend "$backend" --op "$op" --min-bytes 4 \
+              --max-bytes "$max" --json 2>/dev/null
+            ;;
+          mpi)
+            if [ ! -x build/bin/ctorch-mpi-bench ] || ! command -v mpirun >/dev/null; then
+              echo "collective_bench: no MPI (install openmpi-bin libopenmpi-dev, rebuild)" >&2
+              continue
+            fi
+            mpirun --oversubscribe --allow-run-as-root -np "$n" build/bin/ctorch-mpi-bench \
+              --op "$op" --min-bytes 4 --max-bytes "$max" 2>/dev/null
+            ;;
+        esac | sed "s/^/$who /" | tee -a "$out"
+      done
+    done
   done
 done
 
-"$python" - "$out" "$nproc" <<'PY'
-import json, sys
-rows = {}
+"$python" - "$out" "$systems" <<'PY'
+import json, statistics, sys
+systems = sys.argv[2].split()
+times = {}
 for line in open(sys.argv[1]):
     who, _, text = line.partition(" ")
-    r = json.loads(text)
-    pair = rows.setdefault((r["op"], r["bytes"]), {})
-    if who not in pair or r["time_us"] < pair[who]["time_us"]:
-        pair[who] = r
-def ratio(a, t):
-    # Bus bandwidth is 0 at world size 1: compare algorithm bandwidth there.
-    key = "busbw_GBps" if t["busbw_GBps"] > 0 else "algbw_GBps"
-    return f"{a[key] / t[key]:.2f}x" + ("" if key == "busbw_GBps" else " (algbw)")
+    try:
+        r = json.loads(text)
+    except ValueError:
+        continue
+    times.setdefault((r["op"], r["world"], r["bytes"]), {}).setdefault(who, []).append(r)
 def size(b):
     for unit, n in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= n: return f"{b // n} {unit}"
     return f"{b} B"
-for op in dict.fromkeys(k[0] for k in rows):
-    print(f"\n{op}, {sys.argv[2]} ranks\n")
-    print("| size | ours time (us) | torch time (us) | ours busbw (GB/s) | torch busbw (GB/s) | ours / torch busbw |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for (o, b), pair in sorted(rows.items()):
-        if o != op or "ours" not in pair or "torch" not in pair: continue
-        a, t = pair["ours"], pair["torch"]
-        print(f"| {size(b)} | {a['time_us']:.1f} | {t['time_us']:.1f} | {a['busbw_GBps']:.3f} | "
-              f"{t['busbw_GBps']:.3f} | {ratio(a, t)} |")
+def median(rows):
+    t = statistics.median(r["time_us"] for r in rows)
+    r = rows[0]
+    algbw = r["bytes"] / t / 1e3
+    factor = r["busbw_GBps"] / r["algbw_GBps"] if r["algbw_GBps"] > 0 else 0
+    return t, algbw * factor if factor > 0 else algbw
+for op, world in dict.fromkeys((k[0], k[1]) for k in times):
+    print(f"\n{op}, {world} ranks (median of the repetitions; busbw in GB/s, algbw where busbw is 0)\n")
+    head = ["size"] + [f"{s} us" for s in systems] + [f"{s} busbw" for s in systems]
+    ratios = [("shm", "mpi"), ("shm", "torch")]
+    head += [f"{a}/{b}" for a, b in ratios]
+    print("| " + " | ".join(head) + " |")
+    print("|" + " ---: |" * len(head))
+    for (o, w, b), per in sorted(times.items()):
+        if (o, w) != (op, world): continue
+        m = {s: median(per[s]) for s in systems if s in per}
+        cells = [size(b)]
+        cells += [f"{m[s][0]:.1f}" if s in m else "-" for s in systems]
+        cells += [f"{m[s][1]:.3f}" if s in m else "-" for s in systems]
+        for a, c in ratios:
+            cells.append(f"{m[a][1] / m[c][1]:.2f}x" if a in m and c in m and m[c][1] > 0 else "-")
+        print("| " + " | ".join(cells) + " |")
 PY

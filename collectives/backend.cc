@@ -3,7 +3,7 @@
 #include <map>
 #include <mutex>
 
-#include "collectives/gloo_backend.h"
+#include "collectives/shm_backend.h"
 #include "common/error.h"
 
 namespace ctorchrun::dist {
@@ -56,7 +56,7 @@ void register_backend(const std::string& name, BackendFactory factory) {
 }
 
 std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context) {
-  if (name == "gloo") return create_gloo_backend(context);
+  if (name == "gloo") return create_host_backend(context);
   BackendFactory factory;
   std::string known = "gloo";
   {

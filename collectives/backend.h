@@ -9,7 +9,8 @@
 // switch per backend.
 //
 // Backends are registered by name (register_backend) from the library that
-// implements them: "gloo" by libctorch_dist itself, "nccl" by
+// implements them: "gloo" by libctorch_dist itself (with its shared-memory
+// path between ranks of one host, collectives/shm_backend.h), "nccl" by
 // libctorch_dist_nccl when it is linked.
 
 #include <chrono>
@@ -67,6 +68,13 @@ struct BackendContext {
   // Peers compare each collective call's op, count, data type, reduction
   // and root before data moves (InitOptions::check_calls).
   bool check_calls = true;
+  // Names this group among every group of every job on the host (the job's
+  // TORCHELASTIC_RUN_ID is added by the shared-memory path): the group's store
+  // prefix. The shared-memory segment's name carries a hash of it.
+  std::string group_key;
+  // "gloo" between ranks of one host moves collectives through shared memory
+  // (collectives/shm_backend.h) unless this is false (CTORCHRUN_DIST_SHM=0).
+  bool shm = true;
 };
 
 class Backend {
@@ -74,6 +82,9 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual std::string name() const = 0;
+  // How the collectives move: "gloo", "shm" (shared memory, one host),
+  // "nccl". name() is what new_group and users ask for; this is what runs.
+  virtual std::string transport() const { return name(); }
 
   // Starts `op`. With `async` false the call returns once the operation has
   // completed (the returned Work is completed); with `async` true it may

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/call_signature.h"
 #include "collectives/reduce_kernels.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -182,81 +183,6 @@ class CloseReason {
   std::mutex mutex_;
   std::string why_;
 };
-
-// What a collective call is, as its peers check it: 32 bytes, all-gathered
-// before the call moves any data. Fields an op does not use are zero.
-struct Signature {
-  uint32_t magic = 0x31474953;  // "SIG1": layout version
-  uint32_t sequence = 0;        // the call's place in the group's order (its tag)
-  uint8_t type = 0;             // OpType
-  uint8_t dtype = 0;            // DataType
-  uint8_t reduce = 0;           // ReduceOp + 1 for reductions, else 0
-  uint8_t has_root = 0;
-  int32_t root = 0;
-  uint64_t count = 0;
-  uint64_t reserved = 0;
-
-  bool operator==(const Signature& o) const {
-    return std::memcmp(this, &o, sizeof(Signature)) == 0;
-  }
-};
-static_assert(sizeof(Signature) == 32, "the signature is 32 bytes on every rank");
-
-// The buffer whose count and type every rank must agree on: the per-rank
-// side of the op (input of gathers, output of scatters, the buffer of
-// in-place ops), the one every rank passes.
-const Buffer* agreed_buffer(const Op& op) {
-  switch (op.type) {
-    case OpType::kAllGather:
-    case OpType::kGather:
-    case OpType::kAllToAll:
-    case OpType::kSend:
-      return &op.input;
-    case OpType::kBarrier:
-      return nullptr;
-    default:
-      return &op.output;
-  }
-}
-
-Signature signature_of(const Op& op, uint32_t tag) {
-  Signature s;
-  s.sequence = tag;
-  s.type = static_cast<uint8_t>(op.type);
-  if (const Buffer* b = agreed_buffer(op)) {
-    s.dtype = static_cast<uint8_t>(b->dtype);
-    s.count = b->count;
-  }
-  if (op.type == OpType::kAllReduce || op.type == OpType::kReduce ||
-      op.type == OpType::kReduceScatter) {
-    s.reduce = static_cast<uint8_t>(static_cast<int>(op.reduce) + 1);
-  }
-  if (op.type == OpType::kBroadcast || op.type == OpType::kReduce || op.type == OpType::kGather ||
-      op.type == OpType::kScatter) {
-    s.has_root = 1;
-    s.root = op.peer;
-  }
-  return s;
-}
-
-// "all_reduce of 4 float32 (sum)", "broadcast of 3 int64 with root 1".
-std::string describe(const Signature& s) {
-  if (s.magic != Signature{}.magic || s.type > static_cast<uint8_t>(OpType::kRecv) ||
-      s.dtype > static_cast<uint8_t>(DataType::kInt64) ||
-      s.reduce > static_cast<uint8_t>(ReduceOp::kAverage) + 1) {
-    return "a call this library version does not know";
-  }
-  const auto type = static_cast<OpType>(s.type);
-  std::string text = to_string(type);
-  if (type != OpType::kBarrier) {
-    text += std::string(" of ") + std::to_string(s.count) + " " +
-            to_string(static_cast<DataType>(s.dtype));
-  }
-  if (s.reduce != 0)
-    text += std::string(" (") + to_string(static_cast<ReduceOp>(s.reduce - 1)) + ")";
-  if (s.has_root) text += " with root " + std::to_string(s.root);
-  return text;
-}
 
 [[noreturn]] void rethrow_translated(const std::string& what, milliseconds timeout,
                                      CloseReason& closed) {
@@ -579,10 +505,9 @@ class GlooBackend : public Backend {
   // all throw the same ConfigError, or none does, and the group stays in
   // step either way.
   void check_same_call(const Item& item) {
-    std::vector<Signature> all(static_cast<size_t>(size_));
-    all[static_cast<size_t>(rank_)] = signature_of(item.op, item.tag);
-    const Signature& mine = all[static_cast<size_t>(rank_)];
-    constexpr size_t kSize = sizeof(Signature);
+    std::vector<detail::Signature> all(static_cast<size_t>(size_));
+    all[static_cast<size_t>(rank_)] = detail::signature_of(item.op, item.tag);
+    constexpr size_t kSize = sizeof(detail::Signature);
     try {
       auto buffer = context_->createUnboundBuffer(all.data(), all.size() * kSize);
       const uint64_t slot = gloo::Slot::build(kSignatureSlotPrefix, item.tag);
@@ -598,34 +523,7 @@ class GlooBackend : public Backend {
     } catch (...) {
       rethrow_translated(item.work->description(), item.op.timeout, *closed_);
     }
-    if (std::all_of(all.begin(), all.end(), [&](const Signature& s) { return s == mine; })) {
-      return;
-    }
-    // Ranks grouped by the call they made, in rank order.
-    std::vector<std::pair<std::string, std::vector<int>>> calls;
-    for (int r = 0; r < size_; ++r) {
-      const std::string call = describe(all[static_cast<size_t>(r)]);
-      auto it =
-          std::find_if(calls.begin(), calls.end(), [&](const auto& c) { return c.first == call; });
-      if (it == calls.end()) {
-        calls.push_back({call, {r}});
-      } else {
-        it->second.push_back(r);
-      }
-    }
-    std::string listed;
-    for (const auto& [call, ranks] : calls) {
-      std::string who;
-      for (int r : ranks) who += (who.empty() ? "" : ",") + std::to_string(r);
-      listed += std::string(listed.empty() ? "" : "; ") + (ranks.size() > 1 ? "ranks " : "rank ") +
-                who + ": " + call;
-    }
-    throw InvalidArgument(
-        item.work->description() + ": the ranks' calls differ (collective " +
-        std::to_string(item.tag) + " of this group, counted from 0): " + listed +
-        ". Every rank must make the same collective calls in the same order, with "
-        "the same count, data type, reduction and root; no data moved and the "
-        "group is still usable");
+    detail::check_same_calls(all, rank_, item.work->description());
   }
 
   // A group of one: every collective is a copy (or nothing).

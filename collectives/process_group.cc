@@ -130,6 +130,16 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     }
     check_calls = *text == "1";
   }
+  bool shm = true;
+  if (options.shm) {
+    shm = *options.shm;
+  } else if (auto text = env("CTORCHRUN_DIST_SHM")) {
+    if (*text != "0" && *text != "1") {
+      throw ConfigError("init_process_group: CTORCHRUN_DIST_SHM='" + *text +
+                        "' must be 0 (off) or 1 (on)");
+    }
+    shm = *text == "1";
+  }
   const auto deadline = Clock::now() + timeout;
   ignore_default_sigpipe();
 
@@ -191,12 +201,15 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
   context.master_addr = master_addr;
   context.check_calls = check_calls;
+  context.shm = shm;
+  context.group_key = prefix;
   auto backend = create_backend(options.backend, context);
   context.timeout = timeout;
   std::vector<int> global(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) global[static_cast<size_t>(r)] = r;
-  get_logger("coll")->debug("process group ready: backend={} rank={} world={} attempt={} prefix={}",
-                            options.backend, rank, world, attempt, prefix);
+  get_logger("coll")->debug(
+      "process group ready: backend={} transport={} rank={} world={} attempt={} prefix={}",
+      options.backend, backend->transport(), rank, world, attempt, prefix);
   return std::make_shared<ProcessGroup>(std::move(backend), std::move(context), prefix, root,
                                         std::move(global), std::move(keep_alive));
 }
@@ -234,6 +247,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
 
   BackendContext context = context_;
   context.store = group_store;
+  context.group_key = prefix;
   context.rank = sub_rank;
   context.size = sub_size;
   context.timeout =

@@ -85,6 +85,11 @@ struct InitOptions {
   // rank's call when they differ; one extra exchange of 32 bytes per call.
   // CTORCHRUN_DIST_CHECK_CALLS=0 turns it off (default on). Subgroups inherit it.
   std::optional<bool> check_calls;  // CTORCHRUN_DIST_CHECK_CALLS
+  // gloo: when every rank of a group runs on this host, collectives move
+  // through a shared-memory segment instead of loopback TCP (see
+  // collectives/shm_backend.h). CTORCHRUN_DIST_SHM=0 turns it off (default
+  // on). Subgroups inherit it.
+  std::optional<bool> shm;  // CTORCHRUN_DIST_SHM
 };
 
 class ProcessGroup {
@@ -99,6 +104,8 @@ class ProcessGroup {
   int rank() const { return context_.rank; }
   int size() const { return context_.size; }
   std::string backend_name() const { return backend_->name(); }
+  // What moves the data: "shm" for a gloo group on one host, else the backend's name.
+  std::string transport() const { return backend_->transport(); }
   Device device() const { return context_.device; }
   std::chrono::milliseconds timeout() const { return context_.timeout; }
   // The global (init_process_group) rank of each rank of this group.

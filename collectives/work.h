@@ -13,7 +13,10 @@
 // take back one posted send or recv, so dropping the last handle of one that
 // has not completed cancels it by closing the group's connections, at once
 // (the op's own timeout would do the same later); every later call on that
-// group, on every rank, then fails with an IoError that says why. Wait for a
+// group that goes through gloo's connections, on every rank, then fails with
+// an IoError that says why. On the shared-memory path (a group on one host,
+// collectives/shm_backend.h) those are send, recv, gather, scatter and
+// all_to_all; the other collectives carry on through shared memory. Wait for a
 // send or recv before dropping its Work. Their is_completed() turns true once
 // a wait() has seen the completion.
 //

@@ -12,6 +12,7 @@ packages=(
   libssl-dev openssl
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2
   libgloo-dev
+  openmpi-bin libopenmpi-dev
   python3-torch python3-numpy
   iproute2 procps psmisc
   elfutils

@@ -9,8 +9,22 @@
 //     failure (exit 1).
 //   dist_test_worker peer-death VICTIM kill|stop TIMEOUT_MS
 //     all ranks all-reduce 4 MiB in a loop; on the third round rank VICTIM
-//     starts the all-reduce and then SIGKILLs or SIGSTOPs itself. The others
-//     print "survivor R failed after MS ms: WHAT" and exit 7.
+//     starts the all-reduce and then SIGKILLs or SIGSTOPs itself. Each rank
+//     prints "transport T" first; the others print "survivor R failed after
+//     MS ms: TYPE: WHAT" (TYPE: IoError, TimeoutError, other) and exit 7.
+//   dist_test_worker versus
+//     two groups of the same ranks, one on shared memory (InitOptions::shm)
+//     and one on gloo alone; every shared-memory op x data type x reduce op
+//     on pseudo-random inputs, at sizes on both sides of the flat limit and
+//     of a chunk, compared between the two: bit for bit at two ranks, for
+//     integers and for min and max; floating sums, products and averages at
+//     three ranks or more within a tolerance (the shared-memory path sums in
+//     rank order, gloo's ring does not). Prints "versus: rank R of W
+//     (shm|gloo): N checks, B bit-identical" (exit 0) or each failure (exit 1).
+//   dist_test_worker loop ROUNDS
+//     prints "transport T" (the world group's), then all-reduces ROUNDS times
+//     on the world group and on a second group of the same ranks in turn,
+//     each round's values its own, checked; prints "loop: rank R ok" (exit 0).
 //   dist_test_worker mismatch KIND TIMEOUT_MS
 //     two ranks all-reduce with arguments that differ by KIND: count (4 vs 3
 //     float32), dtype (float32 vs int32), op (sum vs max), large (1000 vs 500
@@ -23,6 +37,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -356,10 +371,18 @@ int matrix() {
   return 0;
 }
 
+const char* error_type(const std::exception& e) {
+  if (dynamic_cast<const ctorchrun::TimeoutError*>(&e) != nullptr) return "TimeoutError";
+  if (dynamic_cast<const ctorchrun::IoError*>(&e) != nullptr) return "IoError";
+  if (dynamic_cast<const ctorchrun::InvalidArgument*>(&e) != nullptr) return "InvalidArgument";
+  return "other";
+}
+
 int peer_death(int victim, const std::string& how, int timeout_ms) {
   dist::InitOptions options;
   options.timeout = std::chrono::milliseconds(timeout_ms);
   auto pg = dist::init_process_group(options);
+  std::cout << "transport " << pg->transport() << std::endl;
   std::vector<float> data(size_t{1} << 20, 1.0f);
   for (int round = 0;; ++round) {
     const auto start = std::chrono::steady_clock::now();
@@ -374,12 +397,216 @@ int peer_death(int victim, const std::string& how, int timeout_ms) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::steady_clock::now() - start)
                           .count();
-      std::cout << "survivor " << pg->rank() << " failed after " << ms << " ms: " << e.what()
-                << std::endl;
+      std::cout << "survivor " << pg->rank() << " failed after " << ms << " ms: " << error_type(e)
+                << ": " << e.what() << std::endl;
       std::_Exit(7);
     }
     if (round > 1000) return 0;  // bounded: the victim stops the loop long before
   }
+}
+
+// A pseudo-random value for element i of rank r in `t`, exact in every
+// type: integers 1-3 (sums and products of four ranks fit in int8), floats
+// with fractional parts, near 1 for products so that they stay in range.
+double random_value(DataType t, ReduceOp op, int r, size_t i) {
+  uint64_t h = (static_cast<uint64_t>(r) + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xBF58476D1CE4E5B9ull);
+  h ^= h >> 29;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 32;
+  if (!dist::is_floating(t)) return static_cast<double>(h % 3 + 1);
+  if (op == ReduceOp::kProduct) return 1.0 + static_cast<double>(h % 257) / 1024.0 - 0.125;
+  return (static_cast<double>(h % 4001) - 2000.0) / 256.0;
+}
+
+double decode(DataType t, const unsigned char* in) {
+  switch (t) {
+    case DataType::kFloat32: {
+      float x;
+      std::memcpy(&x, in, 4);
+      return x;
+    }
+    case DataType::kFloat64: {
+      double x;
+      std::memcpy(&x, in, 8);
+      return x;
+    }
+    case DataType::kFloat16: {
+      uint16_t x;
+      std::memcpy(&x, in, 2);
+      return dist::half_to_float(x);
+    }
+    case DataType::kBFloat16: {
+      uint16_t x;
+      std::memcpy(&x, in, 2);
+      return dist::bfloat16_to_float(x);
+    }
+    case DataType::kInt8:
+      return static_cast<int8_t>(in[0]);
+    case DataType::kUInt8:
+      return in[0];
+    case DataType::kInt32: {
+      int32_t x;
+      std::memcpy(&x, in, 4);
+      return x;
+    }
+    case DataType::kInt64: {
+      int64_t x;
+      std::memcpy(&x, in, 8);
+      return static_cast<double>(x);
+    }
+  }
+  return 0;
+}
+
+// Relative tolerance where the order of a floating reduction differs.
+double tolerance(DataType t) {
+  switch (t) {
+    case DataType::kFloat32:
+      return 1e-5;
+    case DataType::kFloat64:
+      return 1e-12;
+    case DataType::kFloat16:
+      return 1e-2;
+    case DataType::kBFloat16:
+      return 5e-2;
+    default:
+      return 0;
+  }
+}
+
+int versus() {
+  dist::InitOptions on;
+  on.shm = true;
+  auto shm = dist::init_process_group(on);
+  dist::InitOptions off;
+  off.shm = false;
+  auto gloo = dist::init_process_group(off);
+  const int rank = shm->rank();
+  const int world = shm->size();
+  const auto w = static_cast<size_t>(world);
+  Checker c(rank);
+  if (world > 1 && shm->transport() != "shm") c.fail("the shm group runs on " + shm->transport());
+  if (gloo->transport() != "gloo") c.fail("the gloo group runs on " + gloo->transport());
+  int identical = 0;
+  // `exact`: the two paths must agree bit for bit; otherwise within the
+  // type's tolerance relative to the summands' magnitude (up to 8 a rank:
+  // rounding in another order errs relative to it, not to the sum, which
+  // may have cancelled) or, for products, to the result.
+  auto compare = [&](const Raw& a, const Raw& b, bool exact, const std::string& what,
+                     bool product = false) {
+    const size_t es = dist::element_size(a.type);
+    bool same = a.bytes == b.bytes;
+    if (same) {
+      ++identical;
+    } else if (exact) {
+      c.fail(what + ": shm and gloo differ where they must be bit-identical");
+      return;
+    }
+    for (size_t i = 0; i < a.count() && !same; ++i) {
+      const double x = decode(a.type, a.bytes.data() + i * es);
+      const double y = decode(a.type, b.bytes.data() + i * es);
+      const double scale = product ? std::max(1.0, std::abs(y)) : 8.0 * world;
+      if (std::abs(x - y) > tolerance(a.type) * scale) {
+        c.fail(what + ": element " + std::to_string(i) + " is " + std::to_string(x) + " on shm, " +
+               std::to_string(y) + " on gloo");
+        return;
+      }
+    }
+    c.expect(a, a, what);  // counts the check
+  };
+  // One element, odd sizes, the flat limit's sides (64 KiB), several chunks
+  // (the test runs with CTORCHRUN_DIST_SHM_CHUNK=65536).
+  for (DataType t : kTypes) {
+    const size_t es = dist::element_size(t);
+    std::vector<size_t> sizes = {1, 7, 1001, (64u << 10) / es, (64u << 10) / es + 3};
+    // Several chunks: one type of each width, to keep the sanitizer build's run short.
+    if (t == DataType::kFloat32 || t == DataType::kBFloat16 || t == DataType::kInt64 ||
+        t == DataType::kUInt8) {
+      sizes.push_back((200u << 10) / es + 5);
+    }
+    for (size_t n : sizes) {
+      auto fill = [&](size_t count, ReduceOp op, size_t offset = 0) {
+        Raw raw(t, count);
+        for (size_t i = 0; i < count; ++i) raw.set(i, random_value(t, op, rank, offset + i));
+        return raw;
+      };
+      for (ReduceOp op : kReduceOps) {
+        if (op == ReduceOp::kAverage && !dist::is_floating(t)) continue;
+        const bool order_free =
+            world <= 2 || !dist::is_floating(t) || op == ReduceOp::kMin || op == ReduceOp::kMax;
+        const std::string tag = std::string(" ") + dist::to_string(op);
+        Raw a = fill(n, op), b = fill(n, op);
+        shm->all_reduce(a.buffer(), op);
+        gloo->all_reduce(b.buffer(), op);
+        const bool product = op == ReduceOp::kProduct;
+        compare(a, b, order_free, label("all_reduce", t, n, tag.c_str()), product);
+        const int root = world - 1;
+        Raw ra = fill(n, op), rb = fill(n, op);
+        shm->reduce(ra.buffer(), root, op);
+        gloo->reduce(rb.buffer(), root, op);
+        if (rank == root) compare(ra, rb, order_free, label("reduce", t, n, tag.c_str()), product);
+        Raw in = fill(n * w, op);
+        Raw oa(t, n), ob(t, n);
+        shm->reduce_scatter(in.buffer(), oa.buffer(), op);
+        gloo->reduce_scatter(in.buffer(), ob.buffer(), op);
+        compare(oa, ob, order_free, label("reduce_scatter", t, n, tag.c_str()), product);
+      }
+      Raw ba = fill(n, ReduceOp::kSum), bb = fill(n, ReduceOp::kSum);
+      shm->broadcast(ba.buffer(), 1 % world);
+      gloo->broadcast(bb.buffer(), 1 % world);
+      compare(ba, bb, true, label("broadcast", t, n));
+      Raw gin = fill(n, ReduceOp::kSum);
+      Raw ga(t, n * w), gb(t, n * w);
+      shm->all_gather(gin.buffer(), ga.buffer());
+      gloo->all_gather(gin.buffer(), gb.buffer());
+      compare(ga, gb, true, label("all_gather", t, n));
+      shm->barrier();
+    }
+    // The ops the shared-memory group hands to gloo, in its order.
+    Raw in = [&] {
+      Raw raw(t, 5 * w);
+      for (size_t i = 0; i < raw.count(); ++i) raw.set(i, random_value(t, ReduceOp::kSum, rank, i));
+      return raw;
+    }();
+    Raw aa(t, 5 * w), ab(t, 5 * w);
+    auto pending = shm->all_to_all_async(in.buffer(), aa.buffer());
+    float one = 1;
+    shm->all_reduce(dist::make_buffer(&one, 1));
+    pending->wait();
+    gloo->all_to_all(in.buffer(), ab.buffer());
+    compare(aa, ab, true, label("all_to_all", t, 5));
+    if (one != static_cast<float>(world)) c.fail("all_reduce after all_to_all_async is wrong");
+  }
+  shm->barrier();
+  gloo->barrier();
+  if (c.failures() > 0) return 1;
+  std::cout << "versus: rank " << rank << " of " << world << " (" << shm->transport()
+            << "): " << c.checks() << " checks, " << identical << " bit-identical" << std::endl;
+  return 0;
+}
+
+int loop(int rounds) {
+  auto pg = dist::init_process_group();
+  std::vector<int> all;
+  for (int r = 0; r < pg->size(); ++r) all.push_back(r);
+  auto second = pg->new_group(all);
+  std::cout << "transport " << pg->transport() << " " << second->transport() << std::endl;
+  const auto world = static_cast<float>(pg->size());
+  for (int round = 0; round < rounds; ++round) {
+    dist::ProcessGroup& g = round % 2 == 0 ? *pg : *second;
+    std::vector<float> data(3000, static_cast<float>(round + pg->rank()));
+    g.all_reduce(dist::make_buffer(data.data(), data.size()));
+    const float want = world * static_cast<float>(round) + world * (world - 1) / 2;
+    for (float x : data) {
+      if (x != want) {
+        std::cerr << "loop: rank " << pg->rank() << " round " << round << " got " << x << ", want "
+                  << want << "\n";
+        return 1;
+      }
+    }
+  }
+  std::cout << "loop: rank " << pg->rank() << " ok" << std::endl;
+  return 0;
 }
 
 int mismatch(const std::string& kind, int timeout_ms) {
@@ -431,11 +658,13 @@ int main(int argc, char** argv) {
       return peer_death(std::atoi(argv[2]), argv[3], std::atoi(argv[4]));
     }
     if (mode == "mismatch" && argc == 4) return mismatch(argv[2], std::atoi(argv[3]));
+    if (mode == "versus") return versus();
+    if (mode == "loop" && argc == 3) return loop(std::atoi(argv[2]));
   } catch (const std::exception& e) {
     std::cerr << "dist_test_worker: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: dist_test_worker matrix | peer-death VICTIM kill|stop TIMEOUT_MS | "
-               "mismatch count|dtype|op|large TIMEOUT_MS\n";
+  std::cerr << "usage: dist_test_worker matrix | versus | loop ROUNDS | peer-death VICTIM "
+               "kill|stop TIMEOUT_MS | mismatch count|dtype|op|large TIMEOUT_MS\n";
   return 2;
 }

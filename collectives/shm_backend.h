@@ -1,0 +1,80 @@
+#pragma once
+
+// The shared-memory path of the "gloo" backend: collectives between ranks of
+// one host through one shared segment per group, instead of loopback TCP.
+//
+// When it is used: the backend called "gloo" is built by
+// create_host_backend(). Every rank publishes in the group's store whether
+// it wants the path (BackendContext::shm, CTORCHRUN_DIST_SHM) and where it
+// runs (host name, boot id, the shared-memory directory's device and inode,
+// the pid namespace). When every rank of a group of two or more wants it and
+// all are on one host (in one pid namespace), the group runs all_reduce,
+// broadcast, reduce, all_gather, reduce_scatter and barrier through shared
+// memory; gather, scatter and all_to_all through gloo, in the group's order;
+// send and recv through gloo. Otherwise (ranks on several hosts, the switch
+// off on any rank, a segment that cannot be made or mapped on any rank) the
+// group is gloo alone, and a fallback for a reason other than the switch or
+// several hosts is logged once per process (a warning on logger "coll").
+//
+// The segment: rank 0 removes this host's stale segments (names whose
+// creator pid is dead, sweep_stale_segments), creates
+// /dev/shm/ctdist.<pidns>.<pid>.<job>.<group hash>.<nonce> (<job> from
+// TORCHELASTIC_RUN_ID, <group hash> of the group's store prefix, so two
+// groups or two jobs never share one), reserves its pages (posix_fallocate:
+// a full /dev/shm is an error at set-up, never a SIGBUS later) and publishes
+// the name; every rank maps it and says so in the store; once all have, the
+// name is unlinked, so that a process killed later leaves nothing behind.
+// Its size is bounded: a control page plus two buffers of a chunk per rank,
+// the chunk 4 MiB, or less so that the segment stays within 32 MiB
+// (CTORCHRUN_DIST_SHM_CHUNK sets it, 64 KiB to 64 MiB; rank 0's holds);
+// when the directory cannot hold that, rank 0 halves the chunk down to
+// 64 KiB before it gives up. Larger messages go in chunks.
+//
+// Algorithms: up to kShmFlatBytes an all_reduce is flat (every rank copies
+// its buffer in, then reduces all of them itself, in rank order); larger
+// ones are a reduce-scatter then an all-gather per chunk (each rank reduces
+// its share of the chunk, in rank order, then copies the others' shares).
+// Reductions are reduce_kernels' loops. The results equal gloo's bit for
+// bit for integers, min and max at any size, and for every type at two
+// ranks (a + b == b + a); at three ranks and more, floating sums and
+// products are summed in rank order where gloo's ring starts elsewhere, so
+// they may differ in the last bits.
+//
+// Synchronisation: a barrier is a counter per rank (its own cache line);
+// waiting spins briefly, yields, then sleeps on a futex in slices while it
+// checks the group's failure flag, each peer's liveness (a pidfd, else
+// kill(pid, 0)) and the op's deadline. A peer that died or destroyed its
+// group fails the waiters with IoError within a slice (about 100 ms); a
+// peer that is alive but stuck makes them throw TimeoutError at the op's
+// deadline; a rank whose op failed raises the group's failure flag so that
+// the others fail at once with IoError. After either the group is unusable.
+//
+// Calls are checked as gloo checks them (BackendContext::check_calls): each
+// rank writes its call's 32-byte signature into the segment with its first
+// chunk and compares all of them after the first barrier, so a mismatch is
+// the same InvalidArgument on every rank and the group stays usable.
+// Collectives run in the order they are started, one at a time: an _async
+// one on the group's thread, a blocking one on its caller's thread once
+// everything started before it is done.
+
+#include <memory>
+#include <string>
+
+#include "collectives/backend.h"
+
+namespace ctorchrun::dist {
+
+// all_reduce up to this many bytes is flat (one barrier); above, chunked
+// reduce-scatter + all-gather (two barriers a chunk).
+inline constexpr size_t kShmFlatBytes = 64 * 1024;
+
+// The backend "gloo" names (see above). Throws as create_gloo_backend does,
+// and TimeoutError when a rank does not reach the shared-memory set-up
+// within context.timeout.
+std::unique_ptr<Backend> create_host_backend(const BackendContext& context);
+
+// Unlinks the segments in `dir` whose creator (the pid in the name, in this
+// pid namespace) no longer runs; returns how many it removed.
+int sweep_stale_segments(const std::string& dir);
+
+}  // namespace ctorchrun::dist
