@@ -333,6 +333,11 @@ the workers, failures and elastic re-formations alike, so it can exceed
 TORCHELASTIC_MAX_RESTARTS; ours tell them apart: CTORCHRUN_FAILED_RESTARTS (charged
 to --max_restarts) and CTORCHRUN_ROUND (the elastic round); the count is their sum.
 
+Read by the agent itself, as torch's agent reads them:
+  TORCHELASTIC_ENABLE_FILE_TIMER=1  serve torch's file timer (expires()) on the pipe
+                                    TORCHELASTIC_TIMER_FILE (a fresh one when unset)
+  TORCHELASTIC_HEALTH_CHECK_PORT=P  answer GET /healthz on port P (JSON, 200 while running)
+
 Exit codes:
   0        all local workers succeeded
   1        workers failed and the restarts are exhausted (the summary names the rank)

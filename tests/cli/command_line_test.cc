@@ -159,6 +159,11 @@ TEST_CASE("command line: --help documents every option, the variables and the ex
                         "PET_",
                         "CTORCHRUN_PYTHON",
                         "LOGLEVEL",
+                        "--hang-timeout",
+                        "--slurm",
+                        "TORCHELASTIC_ENABLE_FILE_TIMER",
+                        "TORCHELASTIC_HEALTH_CHECK_PORT",
+                        "75",
                         "128+N",
                         "Exit codes"}) {
     INFO(s);
