@@ -30,15 +30,19 @@ constexpr int kChannelFd = 3;
 // no allocation, no locks, no stdio, no logging.
 [[noreturn]] void watcher_main(int fd, int max_fd) {
   // Handlers installed by the agent would run here with the agent's state;
-  // take them all back to the default, then ignore what a terminal or a
-  // group-wide kill would send. SIGKILL and SIGSTOP fail harmlessly.
+  // take them all back to the default, then ignore what a terminal, a
+  // group-wide kill or a scheduler would send (Slurm signals every process of
+  // a step, SIGUSR1/2 too for its time-limit warning). SIGKILL and SIGSTOP
+  // fail harmlessly.
   struct sigaction dfl;
   std::memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
   struct sigaction ign = dfl;
   ign.sa_handler = SIG_IGN;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::sigaction(sig, &ign, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2}) {
+    ::sigaction(sig, &ign, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);

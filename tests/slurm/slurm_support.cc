@@ -288,7 +288,13 @@ SlurmCluster::SlurmCluster() : dir_("slurm") {
        << "SlurmctldHost=" << host << "(127.0.0.1)\n"
        << "SlurmctldPort=" << free_port() << "\n"
        << "SlurmUser=root\nSlurmdUser=root\n"
-       << "AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket=" << socket << "\n"
+       << "AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket="
+       << socket
+       // A requeued job waits one credential lifetime before it may start
+       // again (120 s by default, 5 s the least Slurm takes): starting it
+       // sooner, the slurmd still holds the old run's revoked credential and
+       // kills the new one ("Job credential revoked").
+       << ",cred_expire=10\n"
        << "StateSaveLocation=" << d << "/state\n"
        << "SlurmdSpoolDir=" << d << "/spool/%n\n"
        << "SlurmctldPidFile=" << d << "/slurmctld.pid\n"

@@ -42,9 +42,12 @@ TEST_CASE("Watcher: the end of the channel without bye SIGKILLs every group it w
   watcher->watch(kept->pid());
   watcher->forget(kept->pid());
   // Once set up (its own session is the last step before it reads), the
-  // signals of a terminal or of a kill of the agent's group leave it be.
+  // signals of a terminal, of a kill of the agent's group or of a scheduler
+  // (Slurm's time-limit warning is SIGUSR1 to every process) leave it be.
   REQUIRE(eventually([&] { return ::getsid(watcher->pid()) == watcher->pid(); }, 5s));
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::kill(watcher->pid(), sig);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2}) {
+    ::kill(watcher->pid(), sig);
+  }
   watcher->close_without_bye_for_test();  // returns once the watcher has exited
   CHECK(killed_by_sigkill(*a));
   CHECK(killed_by_sigkill(*b));
