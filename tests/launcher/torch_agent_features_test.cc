@@ -151,7 +151,7 @@ TEST_CASE("ctorchrun: a file timer line naming a process that is no worker kills
       "printf '{\"version\": 1, \"pid\": %d, \"scope_id\": \"self\", \"expiration_time\": 1, "
       "\"signal\": 15}\\n' $$ > \"$TORCHELASTIC_TIMER_FILE\"; "
       "sleep 60; echo not-killed";
-  auto r = run_ctorchrun(concat({"--nproc_per_node=1"}, sh(body)),
+  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=1"}, sh(body)),
                          {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}}, 60s);
   INFO(r.output);
   CHECK(r.exit_code == 1);
@@ -177,7 +177,7 @@ TEST_CASE("ctorchrun: a health check port already taken leaves the job running w
   socklen_t len = sizeof a;
   REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
   const int port = ntohs(a.sin_port);
-  auto r = run_ctorchrun({"--nproc_per_node=1", "--no_python", "/bin/true"},
+  auto r = run_ctorchrun({"--standalone", "--nproc_per_node=1", "--no_python", "/bin/true"},
                          {{"TORCHELASTIC_HEALTH_CHECK_PORT", std::to_string(port)}}, 60s);
   ::close(fd);
   INFO(r.output);
@@ -194,7 +194,7 @@ TEST_CASE(
   const std::string path = d.file("notes.txt");
   { std::ofstream(path) << "keep me"; }
   auto r = run_ctorchrun(
-      {"--nproc_per_node=1", "--no_python", "/bin/true"},
+      {"--standalone", "--nproc_per_node=1", "--no_python", "/bin/true"},
       {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", path}}, 60s);
   INFO(r.output);
   CHECK(r.exit_code == 2);
@@ -207,7 +207,7 @@ TEST_CASE("ctorchrun: the file timer's pipe goes when the launcher is stopped by
   TempDir d;
   const std::string pipe = d.file("timer.pipe");
   auto p =
-      start_ctorchrun(concat({"--nproc_per_node=1"}, sh("sleep 60")),
+      start_ctorchrun(concat({"--standalone", "--nproc_per_node=1"}, sh("sleep 60")),
                       {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", pipe}});
   REQUIRE(wait_for_line(*p, "started 1 workers", 30s));
   CHECK(file_exists(pipe));
