@@ -21,8 +21,8 @@
 //                  and the timers held
 //
 // and 404 to any other path, 405 to any other method. torch's open-source
-// agent reads the same variable but its health-check server is a stub that
-// serves nothing; this one is ours.
+// agent reads the same variable, but the server it starts answers no request;
+// the endpoint and its JSON are ours, documented in the README.
 //
 // Every client is on its own: a request must arrive whole (at most
 // max_request_bytes of head) within read_timeout of the connection, else the
