@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "collectives/call_signature.h"
+#include "collectives/op_queue.h"
 #include "collectives/reduce_kernels.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -371,60 +372,15 @@ class GlooBackend : public Backend {
       }
       context_ = std::move(ctx);
     }
-    worker_ = std::thread([this] { work_loop(); });
   }
 
-  ~GlooBackend() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
+  ~GlooBackend() override { queue_.stop(); }
 
   std::string name() const override { return "gloo"; }
 
   WorkHandle run(const Op& op, bool async) override {
     if (op.type == OpType::kSend || op.type == OpType::kRecv) return post_p2p(op, async);
-    auto work = std::make_shared<PromiseWork>(describe(op, rank_, size_));
-    std::unique_lock<std::mutex> lock(mutex_);
-    // The tag is this call's place in the group's order: calls run in tag
-    // order, blocking or not, so that every rank runs tag n as its n-th.
-    const uint32_t tag = next_tag_++;
-    queue_.push_back(Item{op, tag, work, !async});
-    if (async) {
-      lock.unlock();
-      cv_.notify_all();
-      return work;
-    }
-    // Blocking: run on this thread once everything queued before it is done,
-    // saving the hand-off to the worker thread (a few microseconds a call).
-    cv_.wait(lock, [&] {
-      return stopping_ || (!busy_ && !queue_.empty() && queue_.front().work == work);
-    });
-    if (stopping_) {
-      lock.unlock();
-      work->wait();  // the worker fails it: the group is being destroyed
-      return work;
-    }
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      execute(item);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    busy_ = false;
-    lock.unlock();
-    cv_.notify_all();
-    work->finish(error);
-    if (error) std::rethrow_exception(error);
-    return work;
+    return queue_.run(op, async, describe(op, rank_, size_));
   }
 
  private:
@@ -432,70 +388,31 @@ class GlooBackend : public Backend {
   // (gloo/types.h), send and recv slots below 2^32.
   static constexpr uint8_t kSignatureSlotPrefix = 0x63;
 
-  struct Item {
-    Op op;
-    uint32_t tag;
-    std::shared_ptr<PromiseWork> work;
-    bool caller_runs;  // a blocking call: its own thread runs it
-  };
-
-  void work_loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [&] {
-        return stopping_ || (!queue_.empty() && !busy_ && !queue_.front().caller_runs);
-      });
-      if (stopping_) {
-        for (auto& item : queue_) {
-          item.work->finish(std::make_exception_ptr(
-              IoError(item.work->description() + " never ran: its process group was destroyed")));
-        }
-        queue_.clear();
-        return;
-      }
-      Item item = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        execute(item);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      item.work->finish(error);
-      lock.lock();
-      busy_ = false;
-      cv_.notify_all();
-    }
-  }
-
-  void execute(const Item& item) {
-    const Op& op = item.op;
+  void execute(const Op& op, uint32_t tag, const PromiseWork& work) {
     if (size_ == 1) {
       execute_alone(op);
       return;
     }
-    if (check_calls_) check_same_call(item);
+    if (check_calls_) check_same_call(op, tag, work.description());
     try {
       switch (element_size(op.type == OpType::kBarrier ? DataType::kUInt8
                            : op.input.data != nullptr  ? op.input.dtype
                                                        : op.output.dtype)) {
         case 1:
-          execute_typed<1>(op, item.tag);
+          execute_typed<1>(op, tag);
           break;
         case 2:
-          execute_typed<2>(op, item.tag);
+          execute_typed<2>(op, tag);
           break;
         case 4:
-          execute_typed<4>(op, item.tag);
+          execute_typed<4>(op, tag);
           break;
         default:
-          execute_typed<8>(op, item.tag);
+          execute_typed<8>(op, tag);
           break;
       }
     } catch (...) {
-      rethrow_translated(item.work->description(), op.timeout, *closed_);
+      rethrow_translated(work.description(), op.timeout, *closed_);
     }
   }
 
@@ -504,26 +421,26 @@ class GlooBackend : public Backend {
   // where gloo's ring all-gather takes size - 1); all see the same table, so
   // all throw the same ConfigError, or none does, and the group stays in
   // step either way.
-  void check_same_call(const Item& item) {
+  void check_same_call(const Op& op, uint32_t tag, const std::string& what) {
     std::vector<detail::Signature> all(static_cast<size_t>(size_));
-    all[static_cast<size_t>(rank_)] = detail::signature_of(item.op, item.tag);
+    all[static_cast<size_t>(rank_)] = detail::signature_of(op, tag);
     constexpr size_t kSize = sizeof(detail::Signature);
     try {
       auto buffer = context_->createUnboundBuffer(all.data(), all.size() * kSize);
-      const uint64_t slot = gloo::Slot::build(kSignatureSlotPrefix, item.tag);
+      const uint64_t slot = gloo::Slot::build(kSignatureSlotPrefix, tag);
       for (int peer = 0; peer < size_; ++peer) {
         if (peer == rank_) continue;
         buffer->recv(peer, slot, static_cast<size_t>(peer) * kSize, kSize);
         buffer->send(peer, slot, static_cast<size_t>(rank_) * kSize, kSize);
       }
       for (int i = 1; i < size_; ++i) {
-        buffer->waitRecv(item.op.timeout);
-        buffer->waitSend(item.op.timeout);
+        buffer->waitRecv(op.timeout);
+        buffer->waitSend(op.timeout);
       }
     } catch (...) {
-      rethrow_translated(item.work->description(), item.op.timeout, *closed_);
+      rethrow_translated(what, op.timeout, *closed_);
     }
-    detail::check_same_calls(all, rank_, item.work->description());
+    detail::check_same_calls(all, rank_, what);
   }
 
   // A group of one: every collective is a copy (or nothing).
@@ -692,13 +609,9 @@ class GlooBackend : public Backend {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::shared_ptr<CloseReason> closed_ = std::make_shared<CloseReason>();
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  uint32_t next_tag_ = 0;
-  std::thread worker_;
+  // Last: its thread runs execute(), which uses everything above.
+  OpQueue queue_{
+      [this](const Op& op, uint32_t tag, const PromiseWork& work) { execute(op, tag, work); }};
 };
 
 }  // namespace

@@ -28,6 +28,7 @@
 
 #include "collectives/call_signature.h"
 #include "collectives/gloo_backend.h"
+#include "collectives/op_queue.h"
 #include "collectives/reduce_kernels.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -429,16 +430,10 @@ class ShmBackend : public Backend {
       if (pid != ::getpid()) fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
       pidfds_.push_back(fd);
     }
-    worker_ = std::thread([this] { work_loop(); });
   }
 
   ~ShmBackend() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
+    queue_.stop();
     // Peers still waiting for this rank fail now instead of at their deadline.
     control(rank_).closed.store(1, std::memory_order_seq_cst);
     wake();
@@ -452,51 +447,10 @@ class ShmBackend : public Backend {
 
   WorkHandle run(const Op& op, bool async) override {
     if (op.type == OpType::kSend || op.type == OpType::kRecv) return gloo_->run(op, async);
-    auto work = std::make_shared<PromiseWork>(describe(op, rank_, size_));
-    std::unique_lock<std::mutex> lock(mutex_);
-    const uint32_t tag = next_tag_++;
-    queue_.push_back(Item{op, tag, work, !async});
-    if (async) {
-      lock.unlock();
-      cv_.notify_all();
-      return work;
-    }
-    // Blocking: run on this thread once everything queued before it is done.
-    cv_.wait(lock, [&] {
-      return stopping_ || (!busy_ && !queue_.empty() && queue_.front().work == work);
-    });
-    if (stopping_) {
-      lock.unlock();
-      work->wait();
-      return work;
-    }
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      execute(item);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    busy_ = false;
-    lock.unlock();
-    cv_.notify_all();
-    work->finish(error);
-    if (error) std::rethrow_exception(error);
-    return work;
+    return queue_.run(op, async, describe(op, rank_, size_));
   }
 
  private:
-  struct Item {
-    Op op;
-    uint32_t tag;
-    std::shared_ptr<PromiseWork> work;
-    bool caller_runs;
-  };
-
   // What one op needs while it runs.
   struct Call {
     const Op& op;
@@ -506,45 +460,12 @@ class ShmBackend : public Backend {
     bool checked = false;
   };
 
-  void work_loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [&] {
-        return stopping_ || (!queue_.empty() && !busy_ && !queue_.front().caller_runs);
-      });
-      if (stopping_) {
-        for (auto& item : queue_) {
-          item.work->finish(std::make_exception_ptr(
-              IoError(item.work->description() + " never ran: its process group was destroyed")));
-        }
-        queue_.clear();
-        return;
-      }
-      Item item = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        execute(item);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      item.work->finish(error);
-      lock.lock();
-      busy_ = false;
-      cv_.notify_all();
-    }
-  }
-
-  void execute(const Item& item) {
-    const Op& op = item.op;
+  void execute(const Op& op, uint32_t tag, const PromiseWork& work) {
     if (!broken_.empty()) {
-      throw IoError(item.work->description() + " cannot run: " + broken_ +
+      throw IoError(work.description() + " cannot run: " + broken_ +
                     "; this group is unusable, exit so the launcher can restart the job");
     }
-    Call call{op, item.work->description(), detail::signature_of(op, item.tag),
-              Clock::now() + op.timeout};
+    Call call{op, work.description(), detail::signature_of(op, tag), Clock::now() + op.timeout};
     try {
       switch (op.type) {
         case OpType::kAllReduce:
@@ -900,13 +821,9 @@ class ShmBackend : public Backend {
   uint32_t barriers_ = 0;
   int parity_ = 0;
   std::string broken_;  // why the group is unusable; empty while it is usable
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  uint32_t next_tag_ = 0;
-  std::thread worker_;
+  // Last: its thread runs execute(), which uses everything above.
+  OpQueue queue_{
+      [this](const Op& op, uint32_t tag, const PromiseWork& work) { execute(op, tag, work); }};
 };
 
 }  // namespace

@@ -3,8 +3,10 @@
 // ranks; ranks are threads (tests/collectives/dist_thread_ranks.h). A binary of its own that needs
 // only ctorchrun::dist, so that a sanitizer build can build just this one.
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -12,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/op_queue.h"
 #include "collectives/process_group.h"
 #include "common/error.h"
 #include "store/hash_store.h"
@@ -352,4 +355,88 @@ TEST_CASE("dist mismatch: with check_calls off the ranks do not compare their ca
   REQUIRE(results[1].error.empty());
   CHECK(config_error[0] == check);
   CHECK(config_error[1] == check);
+}
+
+// OpQueue (collectives/op_queue.h): the order every backend's collectives
+// keep, tested on its own with an execute that records what ran where.
+TEST_CASE("op queue: calls run one at a time in tag order with blocking ones on their caller",
+          "[unit]") {
+  std::mutex mutex;
+  std::vector<uint32_t> tags;
+  std::vector<std::thread::id> threads;
+  std::atomic<int> running{0};
+  std::atomic<int> overlap{0};
+  dist::OpQueue queue([&](const dist::Op&, uint32_t tag, const dist::PromiseWork&) {
+    if (running.fetch_add(1) != 0) overlap.fetch_add(1);
+    std::this_thread::sleep_for(milliseconds(2));
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      tags.push_back(tag);
+      threads.push_back(std::this_thread::get_id());
+    }
+    running.fetch_sub(1);
+  });
+  dist::Op op;
+  op.type = dist::OpType::kBarrier;
+  std::vector<dist::WorkHandle> works;
+  for (int i = 0; i < 5; ++i) works.push_back(queue.run(op, true, "async " + std::to_string(i)));
+  auto blocking = queue.run(op, false, "blocking");
+  CHECK(blocking->is_completed());
+  for (auto& w : works) w->wait(milliseconds(5000));
+  REQUIRE(tags == std::vector<uint32_t>{0, 1, 2, 3, 4, 5});
+  CHECK(overlap.load() == 0);
+  CHECK(threads[5] == std::this_thread::get_id());
+  for (int i = 0; i < 5; ++i) CHECK(threads[static_cast<size_t>(i)] != std::this_thread::get_id());
+}
+
+TEST_CASE("op queue: an error reaches its own Work only and stop fails what never ran", "[unit]") {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool release = false;
+  bool first_started = false;
+  dist::OpQueue queue([&](const dist::Op&, uint32_t tag, const dist::PromiseWork& work) {
+    if (tag == 1) throw ctorchrun::IoError(work.description() + " broke");
+    if (tag == 2) {
+      std::unique_lock<std::mutex> lock(mutex);
+      first_started = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return release; });
+    }
+  });
+  dist::Op op;
+  op.type = dist::OpType::kBarrier;
+  CHECK_NOTHROW(queue.run(op, false, "zero"));
+  CHECK_THROWS_WITH(queue.run(op, false, "one"), "one broke");
+  auto held = queue.run(op, true, "two");
+  auto queued = queue.run(op, true, "three");
+  std::exception_ptr blocked_error;
+  std::thread blocked([&] {
+    try {
+      queue.run(op, false, "four");
+    } catch (...) {
+      blocked_error = std::current_exception();
+    }
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return first_started; }));
+  }
+  std::thread stopper([&] { queue.stop(); });
+  std::this_thread::sleep_for(milliseconds(20));
+  CHECK_FALSE(held->is_completed());  // stop waits for the running one
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    release = true;
+  }
+  cv.notify_all();
+  stopper.join();
+  blocked.join();
+  CHECK_NOTHROW(held->wait(milliseconds(5000)));
+  CHECK_THROWS_WITH(queued->wait(milliseconds(5000)),
+                    "three never ran: its process group was destroyed");
+  REQUIRE(blocked_error);
+  CHECK_THROWS_WITH(std::rethrow_exception(blocked_error),
+                    "four never ran: its process group was destroyed");
+  CHECK_THROWS_WITH(queue.run(op, false, "five"),
+                    "five never ran: its process group was destroyed");
 }
