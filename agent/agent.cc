@@ -1130,6 +1130,10 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
         std::max(mo.keep_alive_max_attempt, static_cast<int>(std::min<long long>(attempts, 1000)));
   }
   if (elastic()) mo.store_grace = info_.store_grace.value_or(mo.liveness_window());
+  // A single-node job on its own store: nothing across nodes to watch, and
+  // the hang detector (which writes the failure key) is off.
+  mo.alone = !elastic() && info_.group_world_size == 1 && mo.hosts_store &&
+             c_.hang_timeout.count() == 0 && !mo.membership;
   monitor_window_ = mo.liveness_window();
   monitor_ = std::make_unique<JobMonitor>(info_.connect, mo, [this] { launcher_.wake(); });
   if (c_.hang_timeout.count() > 0) {

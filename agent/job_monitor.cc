@@ -21,7 +21,7 @@ JobMonitor::JobMonitor(std::function<std::shared_ptr<store::Store>()> connect,
   state_->connect = std::move(connect);
   state_->options = std::move(options);
   state_->notify = std::move(notify);
-  thread_ = std::thread(run_loop, state_);
+  if (!state_->options.alone) thread_ = std::thread(run_loop, state_);
 }
 
 JobMonitor::~JobMonitor() {
@@ -36,7 +36,7 @@ JobMonitor::~JobMonitor() {
   // now, not at its slice's end. Bounded anyway: each store call of the
   // thread has a timeout of a few seconds.
   if (conn) conn->interrupt();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void JobMonitor::watch_attempt(int attempt) { state_->attempt = attempt; }

@@ -51,6 +51,12 @@ struct MonitorOptions {
   // way (rendezvous::RendezvousInfo::check_membership); empty: never.
   std::function<std::optional<rendezvous::MembershipChange>(int attempt)> membership;
   std::chrono::milliseconds membership_poll{250};
+  // A job of this node alone, which hosts the store, on fixed membership
+  // with nothing else writing its failure key (no hang detector): there is
+  // nothing to watch, so the monitor runs no thread and opens no connection
+  // (every launch and exit would otherwise pay for both). Its accessors then
+  // report nothing: no failure, no loss, no dead or departed node.
+  bool alone = false;
 
   std::chrono::milliseconds liveness_window() const {
     return keep_alive_interval * keep_alive_max_attempt;

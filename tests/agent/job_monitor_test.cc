@@ -117,6 +117,32 @@ TEST_CASE("job monitor: a failure record wakes the agent, a malformed one is a p
   CHECK_FALSE(host.monitor->store_lost());
 }
 
+TEST_CASE("job monitor: a single-node job alone opens no connection and runs no thread", "[unit]") {
+  auto hash = std::make_shared<store::HashStore>();
+  hash->set(agent::keys::failure(0), R"({"rank":3,"node_rank":0,"exit_code":7})");
+  std::atomic<int> connects{0};
+  auto o = options(0, 1);
+  o.alone = true;
+  std::atomic<int> notified{0};
+  {
+    agent::JobMonitor monitor(
+        [&] {
+          ++connects;
+          return std::static_pointer_cast<store::Store>(hash);
+        },
+        o, [&] { ++notified; });
+    monitor.watch_attempt(0);
+    std::this_thread::sleep_for(30ms);  // three keep-alive intervals
+    CHECK_FALSE(monitor.failure(0).has_value());
+    CHECK_FALSE(monitor.store_lost());
+    CHECK(monitor.dead_nodes().empty());
+    CHECK(monitor.departed_nodes().empty());
+  }
+  CHECK(connects == 0);
+  CHECK(notified == 0);
+  CHECK_FALSE(hash->check({agent::keys::alive(0)}));  // no heartbeat either
+}
+
 TEST_CASE("job monitor: a malformed liveness view is a protocol error naming the key", "[unit]") {
   auto hash = std::make_shared<store::HashStore>();
   hash->set(agent::keys::liveness(), R"({"seq":1,"dead":"all","gone":[]})");
