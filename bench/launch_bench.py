@@ -131,7 +131,7 @@ def main():
     print("| --- | --- | --- |")
     print(f"| process start, dynamic linking, exit (`ctorchrun --version`) | {v*1e3:.1f} | {v/n:.0%} |")
     print(f"| agent set-up and shut-down around one worker (store bound, threads, watcher process, "
-          f"log directory, monitor; `--nproc_per_node=1` minus the above) | {(o-v)*1e3:.1f} | {(o-v)/n:.0%} |")
+          f"log directory; `--nproc_per_node=1` minus the above) | {(o-v)*1e3:.1f} | {(o-v)/n:.0%} |")
     print(f"| {a.nproc - 1} more workers (spawn, output, exit; {((n-o)/max(a.nproc-1,1))*1e3:.2f} ms each) | "
           f"{(n-o)*1e3:.1f} | {(n-o)/n:.0%} |")
     print()
