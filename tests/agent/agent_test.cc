@@ -258,6 +258,7 @@ TEST_CASE("multi-node: a malformed failure record of another node is a protocol 
           "[unit]") {
   FakeLauncher launcher([](int, int) -> std::optional<int> { return std::nullopt; });
   FakeRendezvous rdzv;
+  rdzv.world = 2;  // the test plays node 1, whose record this is
   auto c = config(3);
   agent::EventLog events("", "none", 0);
   agent::ElasticAgent a(c, rdzv, launcher, events);
