@@ -8,7 +8,6 @@
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <deque>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -16,6 +15,7 @@
 #include "common/error.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
+#include "tests/support/temp_dir.h"
 
 using namespace ctorchrun;
 using namespace std::chrono_literals;
@@ -157,22 +157,9 @@ class FakeRendezvous : public rendezvous::Handler {
   std::string id_ = "none";
 };
 
-// A fresh log directory per test, removed at exit.
-struct LogDir {
-  LogDir() {
-    char tmpl[] = "/tmp/ctorchrun_agent_test_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~LogDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string path;
-};
-
 agent::LaunchConfig config(int max_restarts) {
-  static LogDir dir;
+  // One log directory for the whole run, removed at exit.
+  static testing::TempDir dir("agent_test");
   agent::LaunchConfig c;
   c.nproc_per_node = 2;
   c.max_restarts = max_restarts;

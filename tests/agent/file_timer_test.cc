@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
 
 using namespace ctorchrun;
 using namespace ctorchrun::agent;
@@ -102,18 +103,10 @@ class FakeProcesses : public ProcessAccess {
   int deferrals_ = 0;
 };
 
+// The pipe's path in a fresh directory, removed with it.
 struct TempPath {
-  TempPath() {
-    char tmpl[] = "/tmp/ctorchrun_timer_test_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-    path = dir + "/pipe";
-  }
-  ~TempPath() {
-    ::unlink(path.c_str());
-    ::rmdir(dir.c_str());
-  }
-  std::string dir, path;
+  testing::TempDir dir{"timer_test"};
+  const std::string path = dir.file("pipe");
 };
 
 // A client as torch's: opens the pipe without blocking, writes, closes.
@@ -450,7 +443,7 @@ TEST_CASE("file timer: the pipe replaces a stale pipe but never another file and
   CHECK(::access(tmp.path.c_str(), F_OK) != 0);
   // A directory that does not exist: a configuration error naming the variable.
   try {
-    FileTimerServer server(test_options(tmp.dir + "/missing/pipe", clock), procs);
+    FileTimerServer server(test_options(tmp.dir.file("missing/pipe"), clock), procs);
     FAIL("no error");
   } catch (const ConfigError& e) {
     CHECK(std::string(e.what()).find("TORCHELASTIC_TIMER_FILE") != std::string::npos);

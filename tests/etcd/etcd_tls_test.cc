@@ -4,8 +4,6 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -14,6 +12,7 @@
 #include "etcd/client.h"
 #include "etcd/lease_keeper.h"
 #include "tests/support/etcd_server.h"
+#include "tests/support/temp_dir.h"
 
 namespace ctorchrun::etcd {
 namespace {
@@ -22,21 +21,6 @@ using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
 using Clock = std::chrono::steady_clock;
 using testing::EtcdCluster;
-
-// A temporary directory, removed with the object.
-struct TempDir {
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/ctorchrun-tls-XXXXXX";
-    if (!::mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed");
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string path;
-};
 
 TEST_CASE("EtcdClient over TLS: put, get, txn, add, watch and leases as over http", "[multiproc]") {
   EtcdCluster cluster(1, 30s, EtcdCluster::Tls::kOn);
@@ -191,7 +175,7 @@ TEST_CASE("EtcdClient: https against an http member and http against an https me
 
 TEST_CASE("EtcdClient: TLS files that cannot be read or used are ConfigErrors naming them",
           "[multiproc]") {
-  TempDir dir;
+  testing::TempDir dir("tls");
   const auto certs = testing::make_test_certificates(dir.path);
   const std::vector<std::string> eps = {"127.0.0.1:1"};
   auto tls = [&](std::string ca, std::string cert, std::string key) {

@@ -62,16 +62,6 @@ int free_port() {
   throw std::runtime_error("free_port: no free port in 20000-32000 after 200 tries");
 }
 
-TempDir::TempDir() {
-  char tmpl[] = "/tmp/ctorchrun_test_XXXXXX";
-  path = mkdtemp(tmpl);
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/test_python.h"
 
 namespace ctorchrun::testing {
@@ -30,14 +31,6 @@ std::unique_ptr<Process> start_ctorchrun(const std::vector<std::string>& args,
 
 // A port that was free a moment ago, outside the kernel's ephemeral range.
 int free_port();
-
-// A fresh directory under /tmp, removed by the destructor.
-struct TempDir {
-  TempDir();
-  ~TempDir();
-  std::string path;
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
 std::string read_file(const std::string& path);
 bool file_exists(const std::string& path);

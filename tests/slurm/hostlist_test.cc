@@ -64,7 +64,7 @@ TEST_CASE("hostlist: every expression expands as scontrol show hostnames does", 
   // scontrol needs a configuration file, not a daemon, for this.
   ctorchrun::testing::TempDir dir("hostlist");
   {
-    std::ofstream conf(dir.path() + "/slurm.conf");
+    std::ofstream conf(dir.path + "/slurm.conf");
     conf << "ClusterName=probe\nSlurmctldHost=localhost\nNodeName=n1\nPartitionName=p Nodes=n1\n";
   }
   const std::vector<std::string> expressions = {
@@ -76,7 +76,7 @@ TEST_CASE("hostlist: every expression expands as scontrol show hostnames does", 
   for (const std::string& e : expressions) {
     INFO(e);
     const ctorchrun::testing::CommandResult r = ctorchrun::testing::run_command(
-        {"scontrol", "show", "hostnames", e}, {{"SLURM_CONF", dir.path() + "/slurm.conf"}});
+        {"scontrol", "show", "hostnames", e}, {{"SLURM_CONF", dir.path + "/slurm.conf"}});
     REQUIRE(r.exit_code == 0);
     Hosts theirs;
     std::string line;

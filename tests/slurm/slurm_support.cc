@@ -167,18 +167,6 @@ void ensure_hosts_entries() {
 
 }  // namespace
 
-TempDir::TempDir(const std::string& tag) {
-  std::string tmpl = "/tmp/ctorchrun_" + tag + "_XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  ::chmod(tmpl.c_str(), 0755);
-  path_ = tmpl;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -247,10 +235,10 @@ CommandResult run_command(const std::vector<std::string>& argv,
   return r;
 }
 
-SlurmCluster::SlurmCluster() : dir_("slurm") {
+SlurmCluster::SlurmCluster() : dir_("slurm", TempDir::Access::kAllUsers) {
   const auto t0 = Clock::now();
   ensure_hosts_entries();
-  const std::string d = dir_.path();
+  const std::string d = dir_.path;
   passwd* munge = ::getpwnam("munge");
   if (munge == nullptr) throw std::runtime_error("Slurm cannot start: no 'munge' user (apt munge)");
 
@@ -372,7 +360,7 @@ void SlurmCluster::stop() {
 }
 
 std::map<std::string, std::string> SlurmCluster::env() const {
-  return {{"SLURM_CONF", dir_.path() + "/slurm.conf"}};
+  return {{"SLURM_CONF", dir_.path + "/slurm.conf"}};
 }
 
 CommandResult SlurmCluster::run(const std::vector<std::string>& argv,
@@ -383,9 +371,9 @@ CommandResult SlurmCluster::run(const std::vector<std::string>& argv,
 std::string SlurmCluster::sbatch(const std::vector<std::string>& options,
                                  const std::string& script) const {
   static int n = 0;
-  const std::string path = dir_.path() + "/job" + std::to_string(n++) + ".sh";
+  const std::string path = dir_.path + "/job" + std::to_string(n++) + ".sh";
   write_text(path, script, 0755);
-  std::vector<std::string> argv = {"sbatch", "--parsable", "-D", dir_.path()};
+  std::vector<std::string> argv = {"sbatch", "--parsable", "-D", dir_.path};
   argv.insert(argv.end(), options.begin(), options.end());
   argv.push_back(path);
   CommandResult r = run(argv);
@@ -438,7 +426,7 @@ std::string SlurmCluster::logs() const {
   std::string out;
   for (const char* f :
        {"slurmctld.log", "slurmctld.out", "slurmd.n1.log", "slurmd.n1.out", "munged.out"}) {
-    std::string text = read_text(dir_.path() + "/" + f);
+    std::string text = read_text(dir_.path + "/" + f);
     if (text.size() > 3000) text = "..." + text.substr(text.size() - 3000);
     out += "--- " + std::string(f) + "\n" + text;
   }

@@ -14,22 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
+
 namespace ctorchrun::testing {
-
-// A fresh directory under /tmp (mode 0755: the munge user traverses it),
-// removed with its content by the destructor.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag);
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 struct CommandResult {
   int exit_code = -1;  // 128+N for a death by signal N; -1: still running at the timeout (killed)
@@ -74,7 +61,7 @@ class SlurmCluster {
   bool wait_for_job_running(const std::string& job, std::chrono::milliseconds timeout) const;
   // Kills the slurmd of node `n` (1..4) with SIGKILL.
   void kill_slurmd(int n);
-  const std::string& dir() const { return dir_.path(); }
+  const std::string& dir() const { return dir_.path; }
   // Milliseconds from the constructor's start to four idle nodes.
   long start_ms() const { return start_ms_; }
   // The logs of the daemons (for INFO on failure).
@@ -82,6 +69,8 @@ class SlurmCluster {
 
  private:
   void stop();
+  // Mode 0755 under /tmp: munged runs as the munge user and traverses it to
+  // its socket directory.
   TempDir dir_;
   pid_t munged_ = -1;
   pid_t slurmctld_ = -1;

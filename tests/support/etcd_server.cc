@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -12,7 +11,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -49,13 +47,6 @@ std::vector<int> free_loopback_ports(int count) {
 }
 
 namespace {
-
-std::string make_temp_dir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string templ = std::string(base && *base ? base : "/tmp") + "/ctorchrun-etcd-XXXXXX";
-  if (!::mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed for " + templ);
-  return templ;
-}
 
 std::string url(int port, bool https = false) {
   return std::string(https ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);
@@ -182,21 +173,12 @@ TestCertificates make_test_certificates(const std::string& dir) {
 
 EtcdCluster::EtcdCluster(int members, std::chrono::milliseconds ready_timeout, Tls tls,
                          std::vector<std::string> extra_args)
-    : tls_(tls), extra_args_(std::move(extra_args)) {
+    : dir_("etcd"), tls_(tls), extra_args_(std::move(extra_args)) {
   if (members < 1) throw std::invalid_argument("an etcd cluster needs a member");
   if (::access(kEtcdBinary, X_OK) != 0)
     throw std::runtime_error(std::string(kEtcdBinary) +
                              " not found: install etcd-server (scripts/setup.sh)");
-  dir_ = make_temp_dir();
-  if (tls_ == Tls::kOn) {
-    try {
-      certs_ = make_test_certificates(dir_);
-    } catch (...) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-      throw;
-    }
-  }
+  if (tls_ == Tls::kOn) certs_ = make_test_certificates(dir_.path);
   members_.resize(static_cast<std::size_t>(members));
   std::string why;
   constexpr int kAttempts = 3;
@@ -206,17 +188,11 @@ EtcdCluster::EtcdCluster(int members, std::chrono::milliseconds ready_timeout, T
     if (start_all(ready_timeout, why)) return;
     stop_all();
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
   throw std::runtime_error("etcd cluster of " + std::to_string(members) + " did not start after " +
                            std::to_string(kAttempts) + " attempts: " + why);
 }
 
-EtcdCluster::~EtcdCluster() {
-  stop_all();
-  std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
-}
+EtcdCluster::~EtcdCluster() { stop_all(); }
 
 bool EtcdCluster::start_all(std::chrono::milliseconds ready_timeout, std::string& why) {
   const int n = size();
@@ -227,12 +203,12 @@ bool EtcdCluster::start_all(std::chrono::milliseconds ready_timeout, std::string
     m.name = "m" + std::to_string(i);
     m.client_port = ports[2 * i];
     m.peer_port = ports[2 * i + 1];
-    m.log_path = dir_ + "/" + m.name + "-" + token_ + ".log";
+    m.log_path = dir_.file(m.name + "-" + token_ + ".log");
     initial_cluster += (i ? "," : "") + m.name + "=" + url(m.peer_port);
   }
   for (int i = 0; i < n; ++i) {
     auto& m = members_[i];
-    const std::string data = dir_ + "/" + m.name + "-" + token_ + ".etcd";
+    const std::string data = dir_.file(m.name + "-" + token_ + ".etcd");
     std::vector<std::string> tls_args;
     if (tls()) {
       tls_args = {"--cert-file",       certs_.server_cert, "--key-file",        certs_.server_key,

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "etcd/client.h"
+#include "tests/support/temp_dir.h"
 
 namespace ctorchrun::testing {
 
@@ -100,7 +101,7 @@ class EtcdCluster {
   bool start_all(std::chrono::milliseconds ready_timeout, std::string& why);
   void stop_all();
 
-  std::string dir_;
+  TempDir dir_;  // removed (with the members' data) after the destructor stopped them
   std::string token_;
   Tls tls_ = Tls::kOff;
   std::vector<std::string> extra_args_;

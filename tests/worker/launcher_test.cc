@@ -179,7 +179,7 @@ TEST_CASE(
   auto launcher = make_process_launcher();
   WorkerSpec spec = fake_spec(0, {"--info-json", dir.file("info.json"), "--", "two words", ""});
   spec.env = {{"A", "1"}, {"WITH_SPACE", "x y=z"}, {"EMPTY", ""}, {"UNICODE", "\xc3\xa9t\xc3\xa9"}};
-  spec.cwd = work.path();
+  spec.cwd = work.path;
   auto pids = launcher->start({spec});
   auto exit = only(wait_for_exits(*launcher, 1, 10s));
   CHECK(exit.exit_code == 0);
@@ -189,7 +189,7 @@ TEST_CASE(
   CHECK(env == spec.env);
   std::vector<std::string> argv = info["argv"];
   CHECK(argv == spec.argv);
-  CHECK(info["cwd"] == work.path());
+  CHECK(info["cwd"] == work.path);
   CHECK(info["pid"] == pids[0]);
   CHECK(info["ppid"] == ::getpid());
   CHECK(info["pgid"] == pids[0]);  // a process group of its own...
@@ -209,7 +209,7 @@ TEST_CASE("ProcessLauncher: a program name without '/' is found in the PATH of s
   auto launcher = make_process_launcher();
   WorkerSpec spec = fake_spec(0, {"--info-json", dir.file("info.json"), "--exit", "4"});
   spec.argv[0] = "fake_worker";
-  spec.env["PATH"] = "/nonexistent:" + dir.path() + ":" + helper_dir;  // not the agent's PATH
+  spec.env["PATH"] = "/nonexistent:" + dir.path + ":" + helper_dir;  // not the agent's PATH
   launcher->start({spec});
   CHECK(only(wait_for_exits(*launcher, 1, 10s)).exit_code == 4);
   auto info = nlohmann::json::parse(read_file(dir.file("info.json")));
@@ -273,11 +273,11 @@ TEST_CASE(
   CHECK(message(spec) == "cannot start worker local_rank=0: " + plain + ": Permission denied");
 
   spec.argv = {"no_such_program_anywhere"};
-  spec.env["PATH"] = dir.path();
+  spec.env["PATH"] = dir.path;
   CHECK(message(spec) ==
         "cannot start worker local_rank=0: no_such_program_anywhere: not found "
         "in PATH=" +
-            dir.path());
+            dir.path);
 
   spec = fake_spec(3, {});
   spec.cwd = dir.file("missing-dir");

@@ -4,15 +4,13 @@
 
 #include "worker/numa_binding.h"
 
-#include <sys/stat.h>
-
 #include <catch2/catch.hpp>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "common/error.h"
+#include "tests/support/temp_dir.h"
 
 using namespace ctorchrun;
 using worker::NumaBinding;
@@ -29,8 +27,6 @@ void put(const fs::path& file, const std::string& text) {
 // The fake tree under a fresh directory, removed with it.
 struct FakeSysfs {
   FakeSysfs() {
-    char tmpl[] = "/tmp/ctorchrun_sysfs_XXXXXX";
-    root = ::mkdtemp(tmpl);
     const fs::path r(root);
     for (int node = 0; node < 4; ++node) {
       const int first = node * 4;
@@ -56,11 +52,8 @@ struct FakeSysfs {
     put(nic / "class", "0x020000");
     put(nic / "numa_node", "3");
   }
-  ~FakeSysfs() {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
-  std::string root;
+  ctorchrun::testing::TempDir dir{"sysfs"};
+  const std::string root = dir.path;
 };
 
 std::vector<int> range(int lo, int hi) {

@@ -30,7 +30,7 @@ struct HostRun {
 // `worker_args`; its stderr goes to a file in `dir`.
 HostRun run_host(const TempDir& dir, std::vector<std::string> host_args,
                  const std::vector<std::string>& worker_args) {
-  std::vector<std::string> argv = {LAUNCHER_HOST, "--log-dir", dir.path(), "--stderr-file",
+  std::vector<std::string> argv = {LAUNCHER_HOST, "--log-dir", dir.path, "--stderr-file",
                                    dir.file("host.err")};
   argv.insert(argv.end(), host_args.begin(), host_args.end());
   argv.push_back("--");
@@ -45,7 +45,7 @@ HostRun run_host(const TempDir& dir, std::vector<std::string> host_args,
 }
 
 std::string worker_file(const TempDir& dir, int rank, const char* stream) {
-  return read_file(dir.path() + "/" + std::to_string(rank) + "/" + stream + ".log");
+  return read_file(dir.path + "/" + std::to_string(rank) + "/" + stream + ".log");
 }
 
 std::string numbered_line(const std::string& kind, int rank, long i, long bytes) {
@@ -228,10 +228,10 @@ TEST_CASE(
   TempDir dir;
   const long lines = 30000;
   const long bytes = 200;
-  Process host({LAUNCHER_HOST, "--log-dir", dir.path(), "--stderr-file", dir.file("host.err"),
+  Process host({LAUNCHER_HOST, "--log-dir", dir.path, "--stderr-file", dir.file("host.err"),
                 "--tee", "1", "--", FAKE_WORKER, "--line-bytes", std::to_string(bytes),
                 "--stdout-lines", std::to_string(lines)});
-  const std::string file = dir.path() + "/0/stdout.log";
+  const std::string file = dir.path + "/0/stdout.log";
   auto file_complete = [&] {
     struct stat st;
     return ::stat(file.c_str(), &st) == 0 && st.st_size == lines * (bytes + 1);

@@ -67,13 +67,13 @@ TEST_CASE("progress: stat_ticks counts fields from the last parenthesis of the n
 TEST_CASE("progress: a sample sums the main thread and the whole tree under a fake /proc",
           "[unit]") {
   TempDir dir;
-  FakeProc p(dir.path());
+  FakeProc p(dir.path);
   p.process(100, 50, 10, 4, 1, 1000, 2000, {101});
   p.main_thread_ticks(100, 30);  // other threads burnt the rest
   p.process(101, 7, 3, 0, 0, 5, 5, {102});
   p.process(102, 1, 1, 0, 0, 0, 10);
   FakeProc::write(dir.file("out.log"), "hello");
-  ProgressSample s = sample_progress(100, {dir.file("out.log"), dir.file("missing")}, dir.path());
+  ProgressSample s = sample_progress(100, {dir.file("out.log"), dir.file("missing")}, dir.path);
   CHECK(s.alive);
   CHECK(s.main_thread_ticks == 30);
   CHECK(s.reaped_child_ticks == 5);
@@ -85,22 +85,22 @@ TEST_CASE("progress: a sample sums the main thread and the whole tree under a fa
   SECTION("a busy helper thread alone is no progress; the main thread is") {
     p.process(100, 90, 10, 4, 1, 1000, 2000, {101});
     p.main_thread_ticks(100, 30);
-    CHECK(sample_progress(100, {dir.file("out.log")}, dir.path()) == s);
+    CHECK(sample_progress(100, {dir.file("out.log")}, dir.path) == s);
     p.main_thread_ticks(100, 31);
-    CHECK(sample_progress(100, {dir.file("out.log")}, dir.path()) != s);
+    CHECK(sample_progress(100, {dir.file("out.log")}, dir.path) != s);
   }
   SECTION("a grandchild's I/O is progress") {
     p.process(102, 1, 1, 0, 0, 0, 11);
-    CHECK(sample_progress(100, {dir.file("out.log")}, dir.path()) != s);
+    CHECK(sample_progress(100, {dir.file("out.log")}, dir.path) != s);
   }
   SECTION("output written to the log file is progress") {
     FakeProc::write(dir.file("out.log"), "hello world");
-    CHECK(sample_progress(100, {dir.file("out.log")}, dir.path()) != s);
+    CHECK(sample_progress(100, {dir.file("out.log")}, dir.path) != s);
   }
   SECTION("a zombie or a missing process is not alive") {
     p.process(100, 50, 10, 4, 1, 1000, 2000, {}, 'Z');
-    CHECK_FALSE(sample_progress(100, {}, dir.path()).alive);
-    CHECK_FALSE(sample_progress(999, {}, dir.path()).alive);
+    CHECK_FALSE(sample_progress(100, {}, dir.path).alive);
+    CHECK_FALSE(sample_progress(999, {}, dir.path).alive);
   }
 }
 

@@ -7,10 +7,10 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "tests/support/temp_dir.h"
 #include "tests/support/test_python.h"
 
 using namespace ctorchrun;
@@ -21,15 +21,11 @@ namespace {
 // An executable script in a fresh directory, removed with it.
 struct FakePython {
   explicit FakePython(const std::string& body) {
-    char tmpl[] = "/tmp/ctorchrun_probe_XXXXXX";
-    dir = ::mkdtemp(tmpl);
-    path = dir + "/python";
     std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
     ::chmod(path.c_str(), 0755);
   }
-  ~FakePython() { std::system(("rm -rf " + dir).c_str()); }
-  std::string dir;
-  std::string path;
+  ctorchrun::testing::TempDir dir{"probe"};
+  const std::string path = dir.file("python");
 };
 
 std::map<std::string, std::string> env_with_path(const std::string& path) {
@@ -56,7 +52,7 @@ TEST_CASE(
   FakePython answers("case \"$2\" in *importlib.metadata*) echo '2.6.0+debian';; *) exit 9;; esac");
   CHECK(worker::installed_torch_version(answers.path, {}, 5s) == "2.6.0+debian");
   // A bare name is found on the PATH of the environment given.
-  CHECK(worker::installed_torch_version("python", env_with_path(answers.dir), 5s) ==
+  CHECK(worker::installed_torch_version("python", env_with_path(answers.dir.path), 5s) ==
         "2.6.0+debian");
 
   FakePython no_torch("echo 'No module named torch' >&2; exit 1");

@@ -157,12 +157,12 @@ TEST_CASE("find_executable: paths are checked, names are searched in the given P
   ::mkdir(dir.file("sub").c_str(), 0755);
 
   CHECK(worker::detail::find_executable(prog, "", "") == prog);
-  CHECK(worker::detail::find_executable("prog", "/nonexistent:" + dir.path(), "") == prog);
-  CHECK(worker::detail::find_executable("prog", "/nonexistent:" + dir.path() + "/", "") == prog);
+  CHECK(worker::detail::find_executable("prog", "/nonexistent:" + dir.path, "") == prog);
+  CHECK(worker::detail::find_executable("prog", "/nonexistent:" + dir.path + "/", "") == prog);
   // Relative paths and PATH entries are taken from the worker's cwd.
-  CHECK(worker::detail::find_executable("./prog", "", dir.path()) == dir.path() + "/./prog");
-  CHECK(worker::detail::find_executable("prog", "/nonexistent::", dir.path()) ==
-        dir.path() + "/./prog");
+  CHECK(worker::detail::find_executable("./prog", "", dir.path) == dir.path + "/./prog");
+  CHECK(worker::detail::find_executable("prog", "/nonexistent::", dir.path) ==
+        dir.path + "/./prog");
   // The first match wins; directories and non-executables are skipped.
   CHECK(worker::detail::find_executable("sh", "/nonexistent:/bin:/usr/bin", "") == "/bin/sh");
 
@@ -177,9 +177,8 @@ TEST_CASE("find_executable: paths are checked, names are searched in the given P
   CHECK(why("/nonexistent/x", "", "") == "/nonexistent/x: No such file or directory");
   CHECK(why(plain, "", "") == plain + ": Permission denied");
   CHECK(why(dir.file("sub"), "", "") == dir.file("sub") + ": Is a directory");
-  CHECK(why("sub", dir.path(), "") == "sub: not found in PATH=" + dir.path());
-  CHECK(why("plain", dir.path(), "") ==
-        "plain: Permission denied (" + plain + " is not executable)");
+  CHECK(why("sub", dir.path, "") == "sub: not found in PATH=" + dir.path);
+  CHECK(why("plain", dir.path, "") == "plain: Permission denied (" + plain + " is not executable)");
   CHECK(why("", "/bin", "") == "empty program name (argv[0])");
 }
 

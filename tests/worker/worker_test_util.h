@@ -10,23 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
 #include "worker/launcher.h"
 
 namespace ctorchrun::worker::testing {
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using ctorchrun::testing::TempDir;
 
 std::string read_file(const std::string& path);  // "" when missing
 std::vector<std::string> split_lines(const std::string& text);
