@@ -68,6 +68,15 @@ namespace ctorchrun::dist {
 // reduce-scatter + all-gather (two barriers a chunk).
 inline constexpr size_t kShmFlatBytes = 64 * 1024;
 
+// all_reduce and reduce from this many bytes read the peers' buffers with
+// process_vm_readv where every rank can (single copy, three barriers a
+// call); CTORCHRUN_DIST_SHM_CMA_MIN overrides it (rank 0's holds).
+inline constexpr size_t kShmCmaBytes = 256 * 1024;
+
+// How many all_reduce and reduce calls of this process went by cross-memory
+// attach (for tests and diagnostics).
+uint64_t shm_cma_calls();
+
 // The backend "gloo" names (see above). Throws as create_gloo_backend does,
 // and TimeoutError when a rank does not reach the shared-memory set-up
 // within context.timeout.
