@@ -47,10 +47,9 @@ constexpr size_t kPage = 4096;
 constexpr size_t kDefaultChunk = size_t{4} << 20;
 constexpr size_t kMinChunk = size_t{64} << 10;
 constexpr size_t kDefaultSegment = size_t{32} << 20;  // fits Docker's default /dev/shm (64 MiB)
-constexpr milliseconds kSlice{50};
+constexpr milliseconds kSlice{50};  // futex sleep, and so failure detection, granularity
 // reduce_by_cma reads a peer's share in pieces of this size: three stay in L2.
-constexpr size_t kCmaPiece = size_t{256}
-                             << 10;  // futex sleep, and so failure detection, granularity
+constexpr size_t kCmaPiece = size_t{256} << 10;
 
 std::string env_text(const char* name) {
   const char* value = std::getenv(name);
@@ -98,11 +97,12 @@ bool cma_switch() {
   throw ConfigError("CTORCHRUN_DIST_SHM_CMA='" + text + "' must be 0 (off) or 1 (on)");
 }
 
-// The smallest all_reduce that goes by cross-memory attach:
-// CTORCHRUN_DIST_SHM_CMA_MIN (bytes; rank 0's holds), else kShmCmaBytes.
-size_t cma_min_bytes() {
-  const std::string text = env_text("CTORCHRUN_DIST_SHM_CMA_MIN");
-  if (text.empty()) return kShmCmaBytes;
+// The sizes of all_reduce that go by cross-memory attach:
+// CTORCHRUN_DIST_SHM_CMA_MIN and _MAX (bytes; rank 0's hold), else
+// kShmCmaBytes and kShmCmaMaxBytes.
+size_t cma_bytes(const char* name, size_t fallback) {
+  const std::string text = env_text(name);
+  if (text.empty()) return fallback;
   size_t used = 0;
   unsigned long long value = 0;
   try {
@@ -111,7 +111,7 @@ size_t cma_min_bytes() {
     used = 0;
   }
   if (used != text.size()) {
-    throw ConfigError("CTORCHRUN_DIST_SHM_CMA_MIN='" + text + "' must be a byte count");
+    throw ConfigError(std::string(name) + "='" + text + "' must be a byte count");
   }
   return static_cast<size_t>(value);
 }
@@ -293,6 +293,7 @@ struct Mapping {
   std::vector<int> pids;  // of every rank, from the set-up exchange
   bool cma = false;       // every rank can read every other's memory (process_vm_readv)
   size_t cma_min = 0;     // rank 0's kShmCmaBytes or CTORCHRUN_DIST_SHM_CMA_MIN
+  size_t cma_max = 0;     // rank 0's kShmCmaMaxBytes or CTORCHRUN_DIST_SHM_CMA_MAX
   ~Mapping() {
     if (base != nullptr) ::munmap(base, size);
   }
@@ -428,10 +429,12 @@ void info_no_cma_once(const std::string& why) {
 
 // Makes, maps and unlinks the group's segment (see the header). Returns
 // null, with `why` set, when any rank cannot take part. `probes`: each
-// rank's cma_probe(), from the host exchange.
+// rank's cma_probe(), from the host exchange; `cma_sizes`: this rank's
+// "<min> <max>" of cma_bytes() (rank 0's hold).
 std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std::string& dir,
                                         Clock::time_point deadline, std::string& why,
-                                        const std::vector<std::string>& probes) {
+                                        const std::vector<std::string>& probes,
+                                        const std::string& cma_sizes) {
   store::Store& store = *context.store;
   const int rank = context.rank;
   const int size = context.size;
@@ -494,7 +497,7 @@ std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std
     std::string answer = "!" + error;
     if (error.empty()) {
       const std::string cma = cma_check(probes, rank);
-      answer = "ok " + std::to_string(::getpid()) + " " + std::to_string(cma_min_bytes()) + " " +
+      answer = "ok " + std::to_string(::getpid()) + " " + cma_sizes + " " +
                (cma == "cma" ? cma : "-" + cma);
     }
     answers = exchange(store, "shm/mapped", rank, size, answer, deadline);
@@ -512,14 +515,16 @@ std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std
     }
     std::istringstream in(a.substr(3));
     int pid = 0;
-    size_t cma_min = 0;
-    in >> pid >> cma_min;
+    size_t their_min = 0;
+    size_t their_max = 0;
+    in >> pid >> their_min >> their_max;
     std::string cma;
     std::getline(in >> std::ws, cma);
     mapping->pids.push_back(pid);
     if (r == 0) {
       mapping->cma = true;
-      mapping->cma_min = cma_min;
+      mapping->cma_min = their_min;
+      mapping->cma_max = their_max;
     }
     if (cma != "cma" && mapping->cma) {
       mapping->cma = false;
@@ -999,7 +1004,7 @@ class ShmBackend : public Backend {
     const bool root = everyone || rank_ == op.peer;
     const bool flat = bytes <= kShmFlatBytes;
     const size_t per_step = chunk_ / es * es;
-    if (mapping_->cma && bytes > 0 && bytes >= mapping_->cma_min) {
+    if (mapping_->cma && bytes > 0 && bytes >= mapping_->cma_min && bytes <= mapping_->cma_max) {
       reduce_by_cma(call, root, fn);
       if (op.reduce == ReduceOp::kAverage && root) {
         detail::divide_in_place(op.output.data, op.output.count, dtype, size_);
@@ -1189,7 +1194,11 @@ int sweep_stale_segments(const std::string& dir) {
 }
 
 std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
+  // Read first, so that a bad value fails every rank alike, at once.
   const bool cma = cma_switch();
+  const std::string cma_sizes =
+      std::to_string(cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes)) + " " +
+      std::to_string(cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX", kShmCmaMaxBytes));
   if (context.device.type != DeviceType::kCpu || context.size <= 1) {
     return create_gloo_backend(context);
   }
@@ -1214,7 +1223,7 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   std::unique_ptr<Mapping> mapping;
   if (wanted && one_host) {
     std::string why;
-    mapping = set_up_segment(context, dir, deadline, why, probes);
+    mapping = set_up_segment(context, dir, deadline, why, probes, cma_sizes);
     if (!mapping) warn_fallback_once(why);
   }
   BackendContext rest = context;
