@@ -24,16 +24,16 @@
 //     (shm|gloo): N checks, B bit-identical" (exit 0) or each failure (exit 1).
 //   dist_test_worker cma
 //     four groups of the same ranks: shared memory with the single-copy path
-//     (cross-memory attach) from its default size, the same from one byte
-//     (CTORCHRUN_DIST_SHM_CMA_MIN=1), shared memory without it
-//     (CTORCHRUN_DIST_SHM_CMA=0) and gloo alone; all_reduce and reduce of
-//     every data type x reduce op at sizes on both sides of the default
-//     threshold (odd counts, counts below the world size), compared: the
-//     shared-memory groups bit for bit among themselves, with gloo as
-//     `versus` does. Counts the calls that went by cross-memory attach
-//     (shm_cma_calls) on each group against the calls at or above its
-//     threshold. Prints "cma: rank R of W: N checks, C single-copy calls" (exit
-//     0) or each failure (exit 1).
+//     (cross-memory attach) at its default sizes, the same from one byte to
+//     1 MiB (CTORCHRUN_DIST_SHM_CMA_MIN=1, _MAX=1048576; larger calls take
+//     the segment), shared memory without it (CTORCHRUN_DIST_SHM_CMA=0) and
+//     gloo alone; all_reduce and reduce of every data type x reduce op at
+//     sizes on both sides of the default threshold (odd counts, counts below
+//     the world size), compared: the shared-memory groups bit for bit among
+//     themselves, with gloo as `versus` does. Counts the calls that went by
+//     cross-memory attach (shm_cma_calls) on each group against the calls
+//     within its sizes. Prints "cma: rank R of W: N checks, C single-copy
+//     calls" (exit 0) or each failure (exit 1).
 //   dist_test_worker loop ROUNDS
 //     prints "transport T" (the world group's), then all-reduces ROUNDS times
 //     on the world group and on a second group of the same ranks in turn,
@@ -603,8 +603,10 @@ int versus() {
   return 0;
 }
 
-// A group made with CTORCHRUN_DIST_SHM_CMA(_MIN) set as given (empty: unset).
-std::shared_ptr<dist::ProcessGroup> group_with(bool shm, const char* cma, const char* cma_min) {
+// A group made with CTORCHRUN_DIST_SHM_CMA(_MIN, _MAX) set as given (empty:
+// unset).
+std::shared_ptr<dist::ProcessGroup> group_with(bool shm, const char* cma, const char* cma_min,
+                                               const char* cma_max) {
   auto set = [](const char* name, const char* value) {
     if (*value != 0) {
       ::setenv(name, value, 1);
@@ -614,11 +616,13 @@ std::shared_ptr<dist::ProcessGroup> group_with(bool shm, const char* cma, const 
   };
   set("CTORCHRUN_DIST_SHM_CMA", cma);
   set("CTORCHRUN_DIST_SHM_CMA_MIN", cma_min);
+  set("CTORCHRUN_DIST_SHM_CMA_MAX", cma_max);
   dist::InitOptions options;
   options.shm = shm;
   auto pg = dist::init_process_group(options);
   ::unsetenv("CTORCHRUN_DIST_SHM_CMA");
   ::unsetenv("CTORCHRUN_DIST_SHM_CMA_MIN");
+  ::unsetenv("CTORCHRUN_DIST_SHM_CMA_MAX");
   return pg;
 }
 
@@ -629,20 +633,21 @@ int cma() {
     std::cerr << "cma: run without CTORCHRUN_DIST_SHM_CMA\n";
     return 1;
   }
-  auto big = group_with(true, "", "");
-  auto small = group_with(true, "", "1");
-  auto copy = group_with(true, "0", "");
-  auto gloo = group_with(false, "", "");
+  auto big = group_with(true, "", "", "");
+  auto small = group_with(true, "", "1", "1048576");
+  auto copy = group_with(true, "0", "", "");
+  auto gloo = group_with(false, "", "", "");
   const int rank = big->rank();
   const int world = big->size();
   Checker c(rank);
   if (world > 1 && big->transport() != "shm") c.fail("the shm group runs on " + big->transport());
   if (gloo->transport() != "gloo") c.fail("the gloo group runs on " + gloo->transport());
   struct Calls {
-    uint64_t want = 0;  // calls at or above the group's threshold
+    uint64_t want = 0;  // calls within the group's sizes
     uint64_t got = 0;   // shm_cma_calls() went up by
   } on_big, on_small, on_copy;
-  auto run = [&](dist::ProcessGroup& g, Calls& calls, size_t min, Raw& buf, ReduceOp op, int root) {
+  auto run = [&](dist::ProcessGroup& g, Calls& calls, size_t min, size_t max, Raw& buf, ReduceOp op,
+                 int root) {
     const uint64_t before = dist::shm_cma_calls();
     if (root < 0) {
       g.all_reduce(buf.buffer(), op);
@@ -650,7 +655,7 @@ int cma() {
       g.reduce(buf.buffer(), root, op);
     }
     calls.got += dist::shm_cma_calls() - before;
-    if (world > 1 && buf.bytes.size() >= min) ++calls.want;
+    if (world > 1 && buf.bytes.size() >= min && buf.bytes.size() <= max) ++calls.want;
   };
   const size_t off = ~size_t{0};
   for (DataType t : kTypes) {
@@ -679,9 +684,9 @@ int cma() {
             for (size_t i = 0; i < n; ++i) raw.set(i, random_value(t, op, rank, i));
             got.push_back(std::move(raw));
           }
-          run(*big, on_big, dist::kShmCmaBytes, got[0], op, root);
-          run(*small, on_small, 1, got[1], op, root);
-          run(*copy, on_copy, off, got[2], op, root);
+          run(*big, on_big, dist::kShmCmaBytes, dist::kShmCmaMaxBytes, got[0], op, root);
+          run(*small, on_small, 1, 1u << 20, got[1], op, root);
+          run(*copy, on_copy, off, off, got[2], op, root);
           gloo->all_reduce(got[3].buffer(), op);
           if (root >= 0 && rank != root) continue;
           c.expect(got[0], got[2], what + " (single copy from its default size)");
@@ -707,8 +712,8 @@ int cma() {
              " calls went by cross-memory attach, " + std::to_string(calls.want) + " should have");
     }
   };
-  count("default threshold", on_big);
-  count("threshold 1 byte", on_small);
+  count("default sizes", on_big);
+  count("from 1 byte to 1 MiB", on_small);
   count("CTORCHRUN_DIST_SHM_CMA=0", on_copy);
   big->barrier();
   gloo->barrier();

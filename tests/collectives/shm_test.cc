@@ -187,12 +187,12 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shm peers: a rank SIGKILLed mid single-copy all_reduce of 64 MiB fails the others with "
+    "shm peers: a rank SIGKILLed mid single-copy all_reduce of 32 MiB fails the others with "
     "IoError within a second",
     "[multiproc]") {
   // The victim dies 10 ms into it: the others are reading its buffer or
   // waiting for it.
-  auto result = peer_failure("kill-late", 60000, size_t{16} << 20);
+  auto result = peer_failure("kill-late", 60000, ctorchrun::dist::kShmCmaMaxBytes / 4);
   for (const auto& out : result.survivors) {
     INFO(out);
     // Rounds 0 and 1 went by cross-memory attach.
@@ -203,7 +203,7 @@ TEST_CASE(
     REQUIRE(std::regex_search(out, m, kFailed));
     CHECK(m[3].str() == "IoError");
     CHECK(std::stol(m[2]) <= 1000);
-    CHECK_THAT(m[4].str(), Catch::Contains("all_reduce of 16777216 float32"));
+    CHECK_THAT(m[4].str(), Catch::Contains("all_reduce of 8388608 float32"));
   }
   CHECK(result.leftovers.empty());
 }
