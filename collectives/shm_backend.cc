@@ -99,7 +99,8 @@ bool cma_switch() {
 
 // The sizes of all_reduce that go by cross-memory attach:
 // CTORCHRUN_DIST_SHM_CMA_MIN and _MAX (bytes; rank 0's hold), else
-// kShmCmaBytes and kShmCmaMaxBytes.
+// kShmCmaBytes and kShmCmaMaxBytes, or none in groups of more than
+// kShmCmaRanks.
 size_t cma_bytes(const char* name, size_t fallback) {
   const std::string text = env_text(name);
   if (text.empty()) return fallback;
@@ -1198,7 +1199,8 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   const bool cma = cma_switch();
   const std::string cma_sizes =
       std::to_string(cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes)) + " " +
-      std::to_string(cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX", kShmCmaMaxBytes));
+      std::to_string(cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX",
+                               context.size <= kShmCmaRanks ? kShmCmaMaxBytes : 0));
   if (context.device.type != DeviceType::kCpu || context.size <= 1) {
     return create_gloo_backend(context);
   }

@@ -43,32 +43,36 @@
 // (a seccomp filter, Yama's ptrace_scope 2 or 3, a non-dumpable process) is
 // logged once per process at info on logger "coll".
 //
-// Algorithms: from kShmCmaBytes (256 KiB) to kShmCmaMaxBytes (32 MiB;
-// CTORCHRUN_DIST_SHM_CMA_MIN and _MAX, rank 0's hold) an all_reduce or
-// reduce of a CMA group is single-copy: each
-// rank writes its buffer's address and length next to its call signature;
-// barrier (the call check); rank r reduces elements [lo(r), lo(r + 1)) in
-// rank order in place in its own buffer, reading each peer's elements
-// with process_vm_readv in 256 KiB pieces into a scratch that stays in
-// cache; barrier; every rank that needs the result reads the other shares
-// straight from their owners' buffers into its own; barrier (no one reads
-// its buffer any more). 2.5 bytes of memory traffic per byte at two ranks
-// against the chunked path's 4.5, three barriers a call against two a
-// chunk. Above 32 MiB that count misleads: the chunked path's segment
-// buffers stay in cache, so both paths move about 2 bytes of DRAM traffic
-// a byte (read the input, write the result) and the kernel's page-by-page
-// copy (process_vm_readv, about 5.5 GB/s against 9 for memcpy on the
-// benchmark VM) makes the single copy the slower one there. Otherwise, up
-// to kShmFlatBytes an all_reduce is flat (every rank
-// copies its buffer in, then reduces all of them itself, in rank order);
-// larger ones are a reduce-scatter then an all-gather per chunk (each rank
-// reduces its share of the chunk, in rank order, then copies the others'
-// shares). Reductions are reduce_kernels' loops, each element in rank
-// order on every path, so the paths agree bit for bit. The results equal
-// gloo's bit for bit for integers, min and max at any size, and for every
-// type at two ranks (a + b == b + a); at three ranks and more, floating
-// sums and products are summed in rank order where gloo's ring starts
-// elsewhere, so they may differ in the last bits.
+// Algorithms: in a CMA group of two ranks, from kShmCmaBytes (256 KiB) to
+// kShmCmaMaxBytes (32 MiB; CTORCHRUN_DIST_SHM_CMA_MIN and _MAX set the
+// sizes at any group size, rank 0's hold) an all_reduce or reduce is
+// single-copy: each rank writes its buffer's address and length next to
+// its call signature; barrier (the call check); rank r reduces elements
+// [lo(r), lo(r + 1)) in rank order in place in its own buffer, reading
+// each peer's elements with process_vm_readv in 256 KiB pieces into a
+// scratch that stays in cache; barrier; every rank that needs the result
+// reads the other shares straight from their owners' buffers into its
+// own; barrier (no one reads its buffer any more). 2.5 bytes of memory
+// traffic per byte at two ranks against the chunked path's 4.5, and three
+// barriers a call against two a chunk. Outside that window the segment
+// path is the faster one on the benchmark VM: above 32 MiB its chunk
+// buffers stay in cache, so both paths come to about 2 bytes of DRAM
+// traffic a byte (read the input, write the result), and the kernel's
+// page-by-page copy (about 5.5 GB/s there against 9 for memcpy) makes the
+// single copy slower; with more ranks each reads (n - 1) / n of the
+// message twice by that copy where the segment path uses memcpy (1.0 to
+// 1.4x slower at 4 ranks at every size measured).
+//
+// Otherwise, up to kShmFlatBytes an all_reduce is flat (every rank copies
+// its buffer in, then reduces all of them itself, in rank order); larger
+// ones are a reduce-scatter then an all-gather per chunk (each rank reduces
+// its share of the chunk, in rank order, then copies the others' shares).
+// Reductions are reduce_kernels' loops, each element in rank order on
+// every path, so the paths agree bit for bit. The results equal gloo's bit
+// for bit for integers, min and max at any size, and for every type at two
+// ranks (a + b == b + a); at three ranks and more, floating sums and
+// products are summed in rank order where gloo's ring starts elsewhere, so
+// they may differ in the last bits.
 //
 // Synchronisation: a barrier is a counter per rank (its own cache line);
 // waiting spins briefly, yields, then sleeps on a futex in slices while it
@@ -100,11 +104,12 @@ namespace ctorchrun::dist {
 // reduce-scatter + all-gather (two barriers a chunk).
 inline constexpr size_t kShmFlatBytes = 64 * 1024;
 
-// all_reduce and reduce from kShmCmaBytes up to kShmCmaMaxBytes read the
-// peers' buffers with process_vm_readv where every rank can (single copy,
-// three barriers a call); CTORCHRUN_DIST_SHM_CMA_MIN and _MAX override
-// them (rank 0's hold). Above, the segment path keeps its traffic in cache
-// and the kernel's copy costs more than it saves (see the header comment).
+// In groups of up to kShmCmaRanks, all_reduce and reduce from kShmCmaBytes
+// up to kShmCmaMaxBytes read the peers' buffers with process_vm_readv where
+// every rank can (single copy, three barriers a call);
+// CTORCHRUN_DIST_SHM_CMA_MIN and _MAX override the sizes at any group size
+// (rank 0's hold). Elsewhere the segment path is faster (see above).
+inline constexpr int kShmCmaRanks = 2;
 inline constexpr size_t kShmCmaBytes = 256 * 1024;
 inline constexpr size_t kShmCmaMaxBytes = 32 * 1024 * 1024;
 
