@@ -115,7 +115,8 @@ struct PeerFailure {
   std::vector<std::string> leftovers;  // the segment directory afterwards
 };
 
-PeerFailure peer_failure(const std::string& how, int timeout_ms, size_t count = size_t{1} << 20) {
+PeerFailure peer_failure(const std::string& how, int timeout_ms, size_t count = size_t{1} << 20,
+                         const std::map<std::string, std::string>& extra_env = {}) {
   SegmentDir dir;
   REQUIRE(!dir.path.empty());
   Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
@@ -123,17 +124,16 @@ PeerFailure peer_failure(const std::string& how, int timeout_ms, size_t count = 
   REQUIRE(port > 0);
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 3; ++r) {
+    std::map<std::string, std::string> env = {
+        {"RANK", std::to_string(r)},           {"WORLD_SIZE", "3"},
+        {"LOCAL_RANK", std::to_string(r)},     {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", std::to_string(port)}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},   {"CTORCHRUN_DIST_SHM_DIR", dir.path}};
+    env.insert(extra_env.begin(), extra_env.end());
     ranks.push_back(std::make_unique<Process>(
         std::vector<std::string>{CTORCHRUN_DIST_WORKER, "peer-death", "1", how,
                                  std::to_string(timeout_ms), std::to_string(count)},
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                           {"WORLD_SIZE", "3"},
-                                           {"LOCAL_RANK", std::to_string(r)},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", std::to_string(port)},
-                                           {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                                           {"TORCHELASTIC_RESTART_COUNT", "0"},
-                                           {"CTORCHRUN_DIST_SHM_DIR", dir.path}}));
+        env));
   }
   PeerFailure result;
   for (int r : {0, 2}) {
@@ -192,7 +192,10 @@ TEST_CASE(
     "[multiproc]") {
   // The victim dies 10 ms into it: the others are reading its buffer or
   // waiting for it.
-  auto result = peer_failure("kill-late", 60000, ctorchrun::dist::kShmCmaMaxBytes / 4);
+  // Three ranks take the single copy only when told to.
+  auto result = peer_failure(
+      "kill-late", 60000, ctorchrun::dist::kShmCmaMaxBytes / 4,
+      {{"CTORCHRUN_DIST_SHM_CMA_MAX", std::to_string(ctorchrun::dist::kShmCmaMaxBytes)}});
   for (const auto& out : result.survivors) {
     INFO(out);
     // Rounds 0 and 1 went by cross-memory attach.
