@@ -43,7 +43,7 @@
 // (a seccomp filter, Yama's ptrace_scope 2 or 3, a non-dumpable process) is
 // logged once per process at info on logger "coll".
 //
-// Algorithms: in a CMA group of two ranks, from kShmCmaBytes (256 KiB) to
+// Algorithms: in a CMA group of two ranks, from kShmCmaBytes (4 MiB) to
 // kShmCmaMaxBytes (32 MiB; CTORCHRUN_DIST_SHM_CMA_MIN and _MAX set the
 // sizes at any group size, rank 0's hold) an all_reduce or reduce is
 // single-copy: each rank writes its buffer's address and length next to
@@ -55,13 +55,15 @@
 // own; barrier (no one reads its buffer any more). 2.5 bytes of memory
 // traffic per byte at two ranks against the chunked path's 4.5, and three
 // barriers a call against two a chunk. Outside that window the segment
-// path is the faster one on the benchmark VM: above 32 MiB its chunk
-// buffers stay in cache, so both paths come to about 2 bytes of DRAM
-// traffic a byte (read the input, write the result), and the kernel's
-// page-by-page copy (about 5.5 GB/s there against 9 for memcpy) makes the
-// single copy slower; with more ranks each reads (n - 1) / n of the
-// message twice by that copy where the segment path uses memcpy (1.0 to
-// 1.4x slower at 4 ranks at every size measured).
+// path is the faster one on the benchmark VM (a 2-core VM): below 4 MiB
+// everything stays in cache, where memcpy runs at 9-20 GB/s and
+// process_vm_readv, which copies page by page, at about 5.5 (1 MiB: 115 us
+// against 262); above 32 MiB the segment's chunk buffers still stay in
+// cache, so both paths come to about 2 bytes of DRAM traffic a byte (read
+// the input, write the result) and the slower copy decides; with more
+// ranks each reads (n - 1) / n of the message twice by that copy where the
+// segment path uses memcpy (1.0 to 1.4x slower at 4 ranks at every size
+// measured).
 //
 // Otherwise, up to kShmFlatBytes an all_reduce is flat (every rank copies
 // its buffer in, then reduces all of them itself, in rank order); larger
@@ -110,7 +112,7 @@ inline constexpr size_t kShmFlatBytes = 64 * 1024;
 // CTORCHRUN_DIST_SHM_CMA_MIN and _MAX override the sizes at any group size
 // (rank 0's hold). Elsewhere the segment path is faster (see above).
 inline constexpr int kShmCmaRanks = 2;
-inline constexpr size_t kShmCmaBytes = 256 * 1024;
+inline constexpr size_t kShmCmaBytes = 4 * 1024 * 1024;
 inline constexpr size_t kShmCmaMaxBytes = 32 * 1024 * 1024;
 
 // How many all_reduce and reduce calls of this process went by cross-memory
