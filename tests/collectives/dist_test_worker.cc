@@ -663,13 +663,13 @@ int cma() {
   for (DataType t : kTypes) {
     const size_t es = dist::element_size(t);
     const size_t at = dist::kShmCmaBytes / es;
-    // Below, at and above the threshold (odd, so not divisible by 2, 4 and,
-    // for most, 3), a count below the world size, and several of
-    // reduce_by_cma's 256 KiB pieces per rank for one type of each width.
-    std::vector<size_t> sizes = {1, 3, 7, 1001, at - 1, at, at + 1, at + 7};
+    // Counts below the world size, odd ones (not divisible by 2, 4 and, for
+    // most, 3), several of reduce_by_cma's 256 KiB pieces per rank, and,
+    // for one type of each width, below, at and above the default threshold.
+    std::vector<size_t> sizes = {1, 3, 7, 1001, (world * (600u << 10) + 333) / es};
     if (t == DataType::kFloat32 || t == DataType::kBFloat16 || t == DataType::kInt64 ||
         t == DataType::kUInt8) {
-      sizes.push_back((world * (600u << 10) + 333) / es);
+      sizes.insert(sizes.end(), {at - 1, at, at + 1});
     }
     for (size_t n : sizes) {
       for (ReduceOp op : kReduceOps) {
