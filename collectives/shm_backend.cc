@@ -1197,10 +1197,14 @@ int sweep_stale_segments(const std::string& dir) {
 std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   // Read first, so that a bad value fails every rank alike, at once.
   const bool cma = cma_switch();
-  const std::string cma_sizes =
-      std::to_string(cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes)) + " " +
-      std::to_string(cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX",
-                               context.size <= kShmCmaRanks ? kShmCmaMaxBytes : 0));
+  const size_t cma_min = cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes);
+  const size_t cma_max =
+      cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX", context.size <= kShmCmaRanks ? kShmCmaMaxBytes : 0);
+  const std::string cma_sizes = std::to_string(cma_min) + " " + std::to_string(cma_max);
+  // A rank that would send nothing by cross-memory attach (a group of more
+  // than kShmCmaRanks by default) opens its memory to no one: it answers
+  // "off" and the group goes without.
+  const bool cma_wanted = cma && context.shm && cma_max > 0 && cma_max >= cma_min;
   if (context.device.type != DeviceType::kCpu || context.size <= 1) {
     return create_gloo_backend(context);
   }
@@ -1210,8 +1214,7 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   // "<1|0> <identity>\n<cma probe>" of every rank.
   const auto views = exchange(
       *context.store, "shm/host", context.rank, context.size,
-      std::string(context.shm ? "1 " : "0 ") + identity + "\n" + cma_probe(cma && context.shm),
-      deadline);
+      std::string(context.shm ? "1 " : "0 ") + identity + "\n" + cma_probe(cma_wanted), deadline);
   bool wanted = true;
   bool one_host = true;
   std::vector<std::string> probes;

@@ -41,7 +41,9 @@
 // does the group use the single-copy path; otherwise large all_reduce
 // copies through the segment as below, and a reason other than the switch
 // (a seccomp filter, Yama's ptrace_scope 2 or 3, a non-dumpable process) is
-// logged once per process at info on logger "coll".
+// logged once per process at info on logger "coll". A rank whose sizes
+// (below) leave the path nothing, as in groups of more than two ranks by
+// default, neither calls prctl nor publishes a probe, and says "off".
 //
 // Algorithms: in a CMA group of two ranks, from kShmCmaBytes (4 MiB) to
 // kShmCmaMaxBytes (32 MiB; CTORCHRUN_DIST_SHM_CMA_MIN and _MAX set the
