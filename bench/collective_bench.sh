@@ -4,6 +4,8 @@
 #   shm    ctorch-collective-bench, libctorch_dist's default between ranks of
 #          one host (the shared-memory path)
 #   gloo   the same with CTORCHRUN_DIST_SHM=0 (gloo over loopback TCP)
+#   shm-nocma  shm with CTORCHRUN_DIST_SHM_CMA=0 (no single-copy all_reduce;
+#          not in the default set)
 #   torch  torch.distributed with gloo (bench/collective_bench_torch.py;
 #          all_reduce, broadcast, all_gather only)
 #   mpi    Open MPI (build/bin/ctorch-mpi-bench under mpirun --oversubscribe
@@ -12,7 +14,8 @@
 # so that machine noise hits all alike; the tables give each system's median
 # time per size over the repetitions.
 #   bench/collective_bench.sh [--quick] [OPS...]     (build first: scripts/build.sh)
-# Environment: NPROCS (default "2 4"), REPS (default 3), MAX (default 256M),
+# Environment: NPROCS (default "2 4"), REPS (default 3), MIN (default 4),
+# MAX (default 256M),
 # SYSTEMS (default "shm gloo torch mpi"). Prints the load average, the
 # memory-bandwidth floor (build/bin/ctorch-membw), one JSON line per
 # measurement and a markdown table per op and world size.
@@ -34,6 +37,7 @@ else
 fi
 if [ "${1:-}" = "--quick" ]; then max=1M; shift; fi
 ops=${*:-all_reduce broadcast all_gather}
+min=${MIN:-4}
 reps=${REPS:-3}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
@@ -46,10 +50,11 @@ if [ -x build/bin/ctorch-membw ]; then
   echo "# memory-bandwidth floor: $(build/bin/ctorch-membw)"
 fi
 
-ours() {  # SHM_SWITCH NPROC OP
-  CTORCHRUN_DIST_SHM=$1 build/bin/ctorchrun --nproc_per_node="$2" --master_port="$(port)" \
+ours() {  # SHM_SWITCH NPROC OP [CMA_SWITCH]
+  CTORCHRUN_DIST_SHM_CMA=${4:-${CTORCHRUN_DIST_SHM_CMA:-1}} CTORCHRUN_DIST_SHM=$1 \
+    build/bin/ctorchrun --nproc_per_node="$2" --master_port="$(port)" \
     --no_python build/bin/ctorch-collective-bench --backend "$backend" --op "$3" \
-    --min-bytes 4 --max-bytes "$max" --json 2>/dev/null
+    --min-bytes "$min" --max-bytes "$max" --json 2>/dev/null
 }
 
 for rep in $(seq 1 "$reps"); do
@@ -59,10 +64,11 @@ for rep in $(seq 1 "$reps"); do
         case $who in
           shm | ours) ours 1 "$n" "$op" ;;
           gloo) ours 0 "$n" "$op" ;;
+          shm-nocma) ours 1 "$n" "$op" 0 ;;
           torch)
             case $op in all_reduce | broadcast | all_gather) ;; *) continue ;; esac
             build/bin/ctorchrun --nproc_per_node="$n" --master_port="$(port)" \
-              bench/collective_bench_torch.py --backend "$backend" --op "$op" --min-bytes 4 \
+              bench/collective_bench_torch.py --backend "$backend" --op "$op" --min-bytes "$min" \
               --max-bytes "$max" --json 2>/dev/null
             ;;
           mpi)
@@ -71,7 +77,7 @@ for rep in $(seq 1 "$reps"); do
               continue
             fi
             mpirun --oversubscribe --allow-run-as-root -np "$n" build/bin/ctorch-mpi-bench \
-              --op "$op" --min-bytes 4 --max-bytes "$max" 2>/dev/null
+              --op "$op" --min-bytes "$min" --max-bytes "$max" 2>/dev/null
             ;;
         esac | sed "s/^/$who /" | tee -a "$out"
       done
@@ -104,6 +110,7 @@ for op, world in dict.fromkeys((k[0], k[1]) for k in times):
     print(f"\n{op}, {world} ranks (median of the repetitions; busbw in GB/s, algbw where busbw is 0)\n")
     head = ["size"] + [f"{s} us" for s in systems] + [f"{s} busbw" for s in systems]
     ratios = [("shm", "mpi"), ("shm", "torch")]
+    if "shm-nocma" in systems: ratios.append(("shm-nocma", "torch"))
     head += [f"{a}/{b}" for a, b in ratios]
     print("| " + " | ".join(head) + " |")
     print("|" + " ---: |" * len(head))

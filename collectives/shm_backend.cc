@@ -7,8 +7,10 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <mutex>
 #include <new>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -46,6 +49,8 @@ constexpr size_t kDefaultChunk = size_t{4} << 20;
 constexpr size_t kMinChunk = size_t{64} << 10;
 constexpr size_t kDefaultSegment = size_t{32} << 20;  // fits Docker's default /dev/shm (64 MiB)
 constexpr milliseconds kSlice{50};  // futex sleep, and so failure detection, granularity
+// reduce_by_cma reads a peer's share in pieces of this size: three stay in L2.
+constexpr size_t kCmaPiece = size_t{256} << 10;
 
 std::string env_text(const char* name) {
   const char* value = std::getenv(name);
@@ -81,6 +86,64 @@ size_t chunk_bytes(int ranks) {
 std::chrono::microseconds spin_time() {
   const std::string text = env_text("CTORCHRUN_DIST_SHM_SPIN_US");
   return std::chrono::microseconds(text.empty() ? 1000 : std::max(0, std::atoi(text.c_str())));
+}
+
+// CTORCHRUN_DIST_SHM_CMA: "1" (default) lets a group of one host read its
+// peers' buffers with process_vm_readv where it can, "0" keeps every byte in
+// the segment.
+bool cma_switch() {
+  const std::string text = env_text("CTORCHRUN_DIST_SHM_CMA");
+  if (text.empty() || text == "1") return true;
+  if (text == "0") return false;
+  throw ConfigError("CTORCHRUN_DIST_SHM_CMA='" + text + "' must be 0 (off) or 1 (on)");
+}
+
+// The sizes of all_reduce that go by cross-memory attach:
+// CTORCHRUN_DIST_SHM_CMA_MIN and _MAX (bytes; rank 0's hold), else
+// kShmCmaBytes and kShmCmaMaxBytes, or none in groups of more than
+// kShmCmaRanks.
+size_t cma_bytes(const char* name, size_t fallback) {
+  const std::string text = env_text(name);
+  if (text.empty()) return fallback;
+  size_t used = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size()) {
+    throw ConfigError(std::string(name) + "='" + text + "' must be a byte count");
+  }
+  return static_cast<size_t>(value);
+}
+
+std::atomic<uint64_t> g_cma_calls{0};
+
+// A word of this process that peers read at set-up to learn whether
+// process_vm_readv works between them: its address and value go out with
+// the host exchange. Static, so a late reader never reads freed memory.
+const uint64_t& probe_word() {
+  static const uint64_t word = [] {
+    std::random_device random;
+    return (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+  }();
+  return word;
+}
+
+// "cma <pid> <address> <value>" when this rank can be read, else
+// "nocma <why>". Lets any process of this user attach first: with Yama's
+// ptrace_scope 1 only ancestors could (EINVAL: no Yama, nothing to do).
+std::string cma_probe(bool wanted) {
+  if (!wanted) return "nocma off";
+  static const int error = [] {
+    return ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0 || errno == EINVAL ? 0 : errno;
+  }();
+  if (error != 0) return "nocma prctl(PR_SET_PTRACER): " + std::string(std::strerror(error));
+  const uint64_t& word = probe_word();
+  std::ostringstream text;
+  text << "cma " << ::getpid() << " " << reinterpret_cast<uintptr_t>(&word) << " " << word;
+  return text.str();
 }
 
 // Where segments live: /dev/shm (shm_open's), or CTORCHRUN_DIST_SHM_DIR
@@ -205,6 +268,10 @@ struct RankControl {
   alignas(64) std::atomic<uint32_t> arrived;  // barriers this rank has entered
   alignas(64) std::atomic<uint32_t> closed;   // the rank destroyed its group
   detail::Signature sig[2];                   // its current call, by parity
+  // Its output buffer (address in its process, bytes) during an all_reduce
+  // by cross-memory attach, written with the call's signature.
+  uint64_t cma_address;
+  uint64_t cma_bytes;
 };
 
 struct Layout {
@@ -226,6 +293,9 @@ struct Mapping {
   int ranks = 0;
   size_t chunk = 0;
   std::vector<int> pids;  // of every rank, from the set-up exchange
+  bool cma = false;       // every rank can read every other's memory (process_vm_readv)
+  size_t cma_min = 0;     // rank 0's kShmCmaBytes or CTORCHRUN_DIST_SHM_CMA_MIN
+  size_t cma_max = 0;     // rank 0's kShmCmaMaxBytes or CTORCHRUN_DIST_SHM_CMA_MAX
   ~Mapping() {
     if (base != nullptr) ::munmap(base, size);
   }
@@ -317,10 +387,56 @@ std::vector<std::string> exchange(store::Store& store, const std::string& key, i
   return store.multi_get(keys);
 }
 
+// Whether this rank can read every peer's memory with process_vm_readv:
+// "cma", else why not. `probes`: each rank's cma_probe(), from the host
+// exchange. A peer that cannot be read says why in its own answer.
+std::string cma_check(const std::vector<std::string>& probes, int rank) {
+  const std::string& mine = probes[static_cast<size_t>(rank)];
+  if (mine.rfind("cma ", 0) != 0) return mine.size() > 6 ? mine.substr(6) : "no probe";
+  for (size_t r = 0; r < probes.size(); ++r) {
+    if (static_cast<int>(r) == rank) continue;
+    std::istringstream in(probes[r]);
+    std::string tag;
+    long pid = 0;
+    uintptr_t address = 0;
+    uint64_t value = 0;
+    if (!(in >> tag >> pid >> address >> value) || tag != "cma") continue;
+    uint64_t got = 0;
+    iovec local{&got, sizeof got};
+    iovec remote{reinterpret_cast<void*>(address), sizeof got};
+    const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    if (n != static_cast<ssize_t>(sizeof got)) {
+      return "process_vm_readv of rank " + std::to_string(r) + " (pid " + std::to_string(pid) +
+             ") failed: " + (n < 0 ? std::strerror(errno) : "short read");
+    }
+    if (got != value) {
+      return "process_vm_readv of rank " + std::to_string(r) + " (pid " + std::to_string(pid) +
+             ") read another value than it published";
+    }
+  }
+  return "cma";
+}
+
+// Logs once per process why a group of one host copies through the
+// segment only; the segment path works, so it is no warning.
+void info_no_cma_once(const std::string& why) {
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true)) {
+    get_logger("coll")->info(
+        "single-copy shared-memory all_reduce (cross-memory attach) unavailable, large "
+        "all_reduce copies through the segment instead (logged once): {}",
+        why);
+  }
+}
+
 // Makes, maps and unlinks the group's segment (see the header). Returns
-// null, with `why` set, when any rank cannot take part.
+// null, with `why` set, when any rank cannot take part. `probes`: each
+// rank's cma_probe(), from the host exchange; `cma_sizes`: this rank's
+// "<min> <max>" of cma_bytes() (rank 0's hold).
 std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std::string& dir,
-                                        Clock::time_point deadline, std::string& why) {
+                                        Clock::time_point deadline, std::string& why,
+                                        const std::vector<std::string>& probes,
+                                        const std::string& cma_sizes) {
   store::Store& store = *context.store;
   const int rank = context.rank;
   const int size = context.size;
@@ -375,12 +491,18 @@ std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std
       error = e.what();
     }
   }
-  // Every rank says whether it mapped the segment; then rank 0 unlinks it,
-  // whatever the answers, so that nothing outlives the set-up.
+  // Every rank says whether it mapped the segment, and whether it can read
+  // its peers' memory (then "cma", else "-" and why not); then rank 0
+  // unlinks it, whatever the answers, so that nothing outlives the set-up.
   std::vector<std::string> answers;
   try {
-    answers = exchange(store, "shm/mapped", rank, size,
-                       error.empty() ? "ok " + std::to_string(::getpid()) : "!" + error, deadline);
+    std::string answer = "!" + error;
+    if (error.empty()) {
+      const std::string cma = cma_check(probes, rank);
+      answer = "ok " + std::to_string(::getpid()) + " " + cma_sizes + " " +
+               (cma == "cma" ? cma : "-" + cma);
+    }
+    answers = exchange(store, "shm/mapped", rank, size, answer, deadline);
   } catch (...) {
     if (rank == 0) unlink_segment(dir, name);
     throw;
@@ -393,7 +515,24 @@ std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std
             " could not map the segment: " + (a.empty() ? a : a.substr(1));
       return nullptr;
     }
-    mapping->pids.push_back(std::atoi(a.c_str() + 3));
+    std::istringstream in(a.substr(3));
+    int pid = 0;
+    size_t their_min = 0;
+    size_t their_max = 0;
+    in >> pid >> their_min >> their_max;
+    std::string cma;
+    std::getline(in >> std::ws, cma);
+    mapping->pids.push_back(pid);
+    if (r == 0) {
+      mapping->cma = true;
+      mapping->cma_min = their_min;
+      mapping->cma_max = their_max;
+    }
+    if (cma != "cma" && mapping->cma) {
+      mapping->cma = false;
+      // Switched off on purpose: nothing to say.
+      if (cma != "-off") info_no_cma_once("rank " + std::to_string(r) + ": " + cma.substr(1));
+    }
   }
   return mapping;
 }
@@ -654,6 +793,117 @@ class ShmBackend : public Backend {
     step(call, write, [](int) {});
   }
 
+  // Reads `len` bytes at `remote` in rank r's process into `local`
+  // (process_vm_readv, looping over short reads). A peer that exited, or
+  // whose memory is no longer there, is the barrier's IoError.
+  void peer_read(Call& call, int r, void* local, uint64_t remote, size_t len) {
+    const int pid = mapping_->pids[static_cast<size_t>(r)];
+    auto* to = static_cast<uint8_t*>(local);
+    while (len > 0) {
+      iovec l{to, len};
+      iovec rm{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), len};
+      const ssize_t n = ::process_vm_readv(pid, &l, 1, &rm, 1, 0);
+      if (n > 0) {
+        to += n;
+        remote += static_cast<uint64_t>(n);
+        len -= static_cast<size_t>(n);
+        continue;
+      }
+      const int error = n == 0 ? EFAULT : errno;
+      if (error == EINTR) continue;
+      // A dying process loses its memory just before its pidfd says so:
+      // give its death a moment to show before calling it something else.
+      const auto until = Clock::now() + kSlice;
+      for (;;) {
+        const uint32_t failed = header_->failed.load(std::memory_order_seq_cst);
+        if (failed != 0) {
+          throw IoError(call.what + " failed: rank " + std::to_string(failed - 1) +
+                        "'s collective failed (a peer died, hung or timed out)" + hint());
+        }
+        if (peer_gone(r)) {
+          throw IoError(call.what + " failed: rank " + std::to_string(r) + " (pid " +
+                        std::to_string(pid) + ") " +
+                        (control(r).closed.load() != 0 ? "destroyed its process group"
+                                                       : "exited or was killed") +
+                        " in the middle of it" + hint());
+        }
+        if (Clock::now() >= until) break;
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+      throw IoError(call.what + " failed: cannot read rank " + std::to_string(r) +
+                    "'s buffer (pid " + std::to_string(pid) +
+                    ") by cross-memory attach: " + std::strerror(error) + hint());
+    }
+  }
+
+  uint8_t* scratch(int slot) {
+    if (scratch_.empty()) scratch_.resize(3 * kCmaPiece);
+    return scratch_.data() + static_cast<size_t>(slot) * kCmaPiece;
+  }
+
+  // all_reduce (and reduce) by cross-memory attach: every rank publishes its
+  // buffer; rank r reduces elements [lo(r), lo(r + 1)) in rank order as the
+  // chunked path does (its own in place, each peer's read a piece at a time
+  // into a scratch that stays in cache); then those that need the result
+  // read every other share straight from its owner's buffer. Three barriers.
+  void reduce_by_cma(Call& call, bool root, detail::ReduceFn fn) {
+    const Op& op = call.op;
+    const size_t es = element_size(op.output.dtype);
+    const size_t bytes = op.output.bytes();
+    const size_t n = op.output.count;
+    auto* out = static_cast<uint8_t*>(op.output.data);
+    auto lo = [&](int r) { return n * static_cast<size_t>(r) / static_cast<size_t>(size_) * es; };
+    step(
+        call,
+        [&](int) {
+          control(rank_).cma_address = reinterpret_cast<uintptr_t>(out);
+          control(rank_).cma_bytes = bytes;
+        },
+        [&](int) {
+          std::vector<uint64_t> address(static_cast<size_t>(size_));
+          for (int r = 0; r < size_; ++r) {
+            // Only when calls are not checked can they differ here.
+            if (control(r).cma_bytes != bytes) {
+              throw IoError(call.what + " failed: rank " + std::to_string(r) + "'s buffer has " +
+                            std::to_string(control(r).cma_bytes) + " bytes, this rank's " +
+                            std::to_string(bytes) + hint());
+            }
+            address[static_cast<size_t>(r)] = control(r).cma_address;
+          }
+          ++g_cma_calls;
+          const size_t mine = lo(rank_);
+          const size_t mine_len = lo(rank_ + 1) - mine;
+          const size_t piece = kCmaPiece / es * es;
+          for (size_t off = 0; off < mine_len; off += piece) {
+            const size_t len = std::min(piece, mine_len - off);
+            const size_t at = mine + off;
+            uint8_t* dst = out + at;
+            // Ranks 0 and 1 read their own elements in place (the first
+            // step may write where it reads); later ranks keep theirs aside,
+            // as the chain has written over them by the time it reads them.
+            if (rank_ >= 2) std::memcpy(scratch(2), dst, len);
+            auto source = [&](int r, int slot) -> const uint8_t* {
+              if (r == rank_) return rank_ < 2 ? dst : scratch(2);
+              peer_read(call, r, scratch(slot), address[static_cast<size_t>(r)] + at, len);
+              return scratch(slot);
+            };
+            const uint8_t* a = source(0, 0);
+            const uint8_t* b = source(1, 1);
+            fn(dst, a, b, len / es);
+            for (int r = 2; r < size_; ++r) fn(dst, dst, source(r, 0), len / es);
+          }
+          barrier(call);  // every share is reduced
+          if (root) {
+            for (int r = 0; r < size_; ++r) {
+              if (r == rank_) continue;
+              peer_read(call, r, out + lo(r), address[static_cast<size_t>(r)] + lo(r),
+                        lo(r + 1) - lo(r));
+            }
+          }
+          barrier(call);  // no one reads this rank's buffer any more
+        });
+  }
+
   static void copy(void* to, const void* from, size_t bytes) {
     if (bytes > 0 && to != from) std::memcpy(to, from, bytes);
   }
@@ -676,6 +926,13 @@ class ShmBackend : public Backend {
     const bool root = everyone || rank_ == op.peer;
     const bool flat = bytes <= kShmFlatBytes;
     const size_t per_step = chunk_ / es * es;
+    if (mapping_->cma && bytes > 0 && bytes >= mapping_->cma_min && bytes <= mapping_->cma_max) {
+      reduce_by_cma(call, root, fn);
+      if (op.reduce == ReduceOp::kAverage && root) {
+        detail::divide_in_place(op.output.data, op.output.count, dtype, size_);
+      }
+      return;
+    }
     size_t off = 0;
     do {
       const size_t len = std::min(bytes - off, per_step);
@@ -816,7 +1073,8 @@ class ShmBackend : public Backend {
   const bool oversubscribed_ = size_ > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   std::chrono::microseconds spin_now_ = spin_;  // the adaptive budget, at most spin_
   Header* header_ = nullptr;
-  std::vector<int> pidfds_;  // -1: none (this process, or no pidfd_open)
+  std::vector<int> pidfds_;       // -1: none (this process, or no pidfd_open)
+  std::vector<uint8_t> scratch_;  // reduce_by_cma's pieces, made on first use
   // Touched only by the thread running the group's current op.
   uint32_t barriers_ = 0;
   int parity_ = 0;
@@ -827,6 +1085,8 @@ class ShmBackend : public Backend {
 };
 
 }  // namespace
+
+uint64_t shm_cma_calls() { return g_cma_calls.load(); }
 
 int sweep_stale_segments(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
@@ -852,24 +1112,40 @@ int sweep_stale_segments(const std::string& dir) {
 }
 
 std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
+  // Read first, so that a bad value fails every rank alike, at once.
+  const bool cma = cma_switch();
+  const size_t cma_min = cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes);
+  const size_t cma_max =
+      cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX", context.size <= kShmCmaRanks ? kShmCmaMaxBytes : 0);
+  const std::string cma_sizes = std::to_string(cma_min) + " " + std::to_string(cma_max);
+  // A rank that would send nothing by cross-memory attach (a group of more
+  // than kShmCmaRanks by default) opens its memory to no one: it answers
+  // "off" and the group goes without.
+  const bool cma_wanted = cma && context.shm && cma_max > 0 && cma_max >= cma_min;
   if (context.device.type != DeviceType::kCpu || context.size <= 1) {
     return create_gloo_backend(context);
   }
   const auto deadline = Clock::now() + context.timeout;
   const std::string dir = shm_dir();
   const std::string identity = host_identity(dir);
-  const auto views = exchange(*context.store, "shm/host", context.rank, context.size,
-                              std::string(context.shm ? "1 " : "0 ") + identity, deadline);
+  // "<1|0> <identity>\n<cma probe>" of every rank.
+  const auto views = exchange(
+      *context.store, "shm/host", context.rank, context.size,
+      std::string(context.shm ? "1 " : "0 ") + identity + "\n" + cma_probe(cma_wanted), deadline);
   bool wanted = true;
   bool one_host = true;
-  for (const auto& v : views) {
+  std::vector<std::string> probes;
+  for (const auto& view : views) {
+    const size_t end = view.find('\n');
+    const std::string v = view.substr(0, end);
+    probes.push_back(end == std::string::npos ? "nocma" : view.substr(end + 1));
     wanted = wanted && v.rfind("1 ", 0) == 0;
     one_host = one_host && v.size() >= 2 && v.substr(2) == identity;
   }
   std::unique_ptr<Mapping> mapping;
   if (wanted && one_host) {
     std::string why;
-    mapping = set_up_segment(context, dir, deadline, why);
+    mapping = set_up_segment(context, dir, deadline, why, probes, cma_sizes);
     if (!mapping) warn_fallback_once(why);
   }
   BackendContext rest = context;

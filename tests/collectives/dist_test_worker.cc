@@ -7,11 +7,12 @@
 //     world group and on subgroups; inputs are small integers, results are
 //     compared bit for bit. Prints "matrix: N checks passed" (exit 0) or each
 //     failure (exit 1).
-//   dist_test_worker peer-death VICTIM kill|stop TIMEOUT_MS
-//     all ranks all-reduce 4 MiB in a loop; on the third round rank VICTIM
-//     starts the all-reduce and then SIGKILLs or SIGSTOPs itself. Each rank
-//     prints "transport T" first; the others print "survivor R failed after
-//     MS ms: TYPE: WHAT" (TYPE: IoError, TimeoutError, other) and exit 7.
+//   dist_test_worker peer-death VICTIM kill|kill-late|stop TIMEOUT_MS [COUNT]
+//     all ranks all-reduce 4 MiB in a loop (COUNT float32 when given); on the third round rank
+//     VICTIM starts the all-reduce and then SIGKILLs (kill-late: 10 ms later) or SIGSTOPs itself.
+//     Each rank prints "transport T" first; the others print "survivor R failed after MS ms: TYPE:
+//     WHAT" (TYPE: IoError, TimeoutError, other) and exit 7; each prints "single-copy calls N"
+//     (shm_cma_calls) after round 1.
 //   dist_test_worker versus
 //     two groups of the same ranks, one on shared memory (InitOptions::shm)
 //     and one on gloo alone; every shared-memory op x data type x reduce op
@@ -21,6 +22,18 @@
 //     three ranks or more within a tolerance (the shared-memory path sums in
 //     rank order, gloo's ring does not). Prints "versus: rank R of W
 //     (shm|gloo): N checks, B bit-identical" (exit 0) or each failure (exit 1).
+//   dist_test_worker cma
+//     four groups of the same ranks: shared memory with the single-copy path
+//     (cross-memory attach) at its default sizes, the same from one byte to
+//     1 MiB (CTORCHRUN_DIST_SHM_CMA_MIN=1, _MAX=1048576; larger calls take
+//     the segment), shared memory without it (CTORCHRUN_DIST_SHM_CMA=0) and
+//     gloo alone; all_reduce and reduce of every data type x reduce op at
+//     sizes on both sides of the default threshold (odd counts, counts below
+//     the world size), compared: the shared-memory groups bit for bit among
+//     themselves, with gloo as `versus` does. Counts the calls that went by
+//     cross-memory attach (shm_cma_calls) on each group against the calls
+//     within its sizes. Prints "cma: rank R of W: N checks, C single-copy
+//     calls" (exit 0) or each failure (exit 1).
 //   dist_test_worker loop ROUNDS
 //     prints "transport T" (the world group's), then all-reduces ROUNDS times
 //     on the world group and on a second group of the same ranks in turn,
@@ -44,9 +57,11 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/process_group.h"
+#include "collectives/shm_backend.h"
 #include "common/error.h"
 
 namespace dist = ctorchrun::dist;
@@ -378,19 +393,22 @@ const char* error_type(const std::exception& e) {
   return "other";
 }
 
-int peer_death(int victim, const std::string& how, int timeout_ms) {
+int peer_death(int victim, const std::string& how, int timeout_ms, size_t count) {
   dist::InitOptions options;
   options.timeout = std::chrono::milliseconds(timeout_ms);
   auto pg = dist::init_process_group(options);
   std::cout << "transport " << pg->transport() << std::endl;
-  std::vector<float> data(size_t{1} << 20, 1.0f);
+  std::vector<float> data(count, 1.0f);
   for (int round = 0;; ++round) {
+    if (round == 2) std::cout << "single-copy calls " << dist::shm_cma_calls() << std::endl;
     const auto start = std::chrono::steady_clock::now();
     try {
       auto work = pg->all_reduce_async(dist::make_buffer(data.data(), data.size()));
       if (round == 2 && pg->rank() == victim) {
         std::cout << "victim " << victim << " " << how << "s itself" << std::endl;
-        ::raise(how == "kill" ? SIGKILL : SIGSTOP);
+        // kill-late: once the peers are well into it.
+        if (how == "kill-late") std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        ::raise(how == "stop" ? SIGSTOP : SIGKILL);
       }
       work->wait();
     } catch (const std::exception& e) {
@@ -585,6 +603,128 @@ int versus() {
   return 0;
 }
 
+// A group made with CTORCHRUN_DIST_SHM_CMA(_MIN, _MAX) set as given (empty:
+// unset).
+std::shared_ptr<dist::ProcessGroup> group_with(bool shm, const char* cma, const char* cma_min,
+                                               const char* cma_max) {
+  auto set = [](const char* name, const char* value) {
+    if (*value != 0) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  };
+  set("CTORCHRUN_DIST_SHM_CMA", cma);
+  set("CTORCHRUN_DIST_SHM_CMA_MIN", cma_min);
+  set("CTORCHRUN_DIST_SHM_CMA_MAX", cma_max);
+  dist::InitOptions options;
+  options.shm = shm;
+  auto pg = dist::init_process_group(options);
+  ::unsetenv("CTORCHRUN_DIST_SHM_CMA");
+  ::unsetenv("CTORCHRUN_DIST_SHM_CMA_MIN");
+  ::unsetenv("CTORCHRUN_DIST_SHM_CMA_MAX");
+  return pg;
+}
+
+int cma() {
+  // The variables are read when a group is made: the job's own must stay
+  // out of it.
+  if (std::getenv("CTORCHRUN_DIST_SHM_CMA") != nullptr) {
+    std::cerr << "cma: run without CTORCHRUN_DIST_SHM_CMA\n";
+    return 1;
+  }
+  auto big = group_with(true, "", "", "");
+  auto small = group_with(true, "", "1", "1048576");
+  auto copy = group_with(true, "0", "", "");
+  auto gloo = group_with(false, "", "", "");
+  const int rank = big->rank();
+  const int world = big->size();
+  Checker c(rank);
+  if (world > 1 && big->transport() != "shm") c.fail("the shm group runs on " + big->transport());
+  if (gloo->transport() != "gloo") c.fail("the gloo group runs on " + gloo->transport());
+  struct Calls {
+    uint64_t want = 0;  // calls within the group's sizes
+    uint64_t got = 0;   // shm_cma_calls() went up by
+  } on_big, on_small, on_copy;
+  auto run = [&](dist::ProcessGroup& g, Calls& calls, size_t min, size_t max, Raw& buf, ReduceOp op,
+                 int root) {
+    const uint64_t before = dist::shm_cma_calls();
+    if (root < 0) {
+      g.all_reduce(buf.buffer(), op);
+    } else {
+      g.reduce(buf.buffer(), root, op);
+    }
+    calls.got += dist::shm_cma_calls() - before;
+    if (world > 1 && buf.bytes.size() >= min && buf.bytes.size() <= max) ++calls.want;
+  };
+  const size_t off = ~size_t{0};
+  // By default only groups of two take the single copy.
+  const size_t big_max = world <= dist::kShmCmaRanks ? dist::kShmCmaMaxBytes : 0;
+  for (DataType t : kTypes) {
+    const size_t es = dist::element_size(t);
+    const size_t at = dist::kShmCmaBytes / es;
+    // Counts below the world size, odd ones (not divisible by 2, 4 and, for
+    // most, 3), several of reduce_by_cma's 256 KiB pieces per rank, and,
+    // for one type of each width, below, at and above the default threshold.
+    std::vector<size_t> sizes = {1, 3, 7, 1001, (world * (600u << 10) + 333) / es};
+    if (t == DataType::kFloat32 || t == DataType::kBFloat16 || t == DataType::kInt64 ||
+        t == DataType::kUInt8) {
+      sizes.insert(sizes.end(), {at - 1, at, at + 1});
+    }
+    for (size_t n : sizes) {
+      for (ReduceOp op : kReduceOps) {
+        if (op == ReduceOp::kAverage && !dist::is_floating(t)) continue;
+        const bool order_free =
+            world <= 2 || !dist::is_floating(t) || op == ReduceOp::kMin || op == ReduceOp::kMax;
+        const bool product = op == ReduceOp::kProduct;
+        for (int root : {-1, world - 1}) {
+          const std::string what = label(root < 0 ? "all_reduce" : "reduce", t, n,
+                                         (std::string(" ") + dist::to_string(op)).c_str());
+          std::vector<Raw> got;
+          for (int g = 0; g < 4; ++g) {
+            Raw raw(t, n);
+            for (size_t i = 0; i < n; ++i) raw.set(i, random_value(t, op, rank, i));
+            got.push_back(std::move(raw));
+          }
+          run(*big, on_big, dist::kShmCmaBytes, big_max, got[0], op, root);
+          run(*small, on_small, 1, 1u << 20, got[1], op, root);
+          run(*copy, on_copy, off, off, got[2], op, root);
+          gloo->all_reduce(got[3].buffer(), op);
+          if (root >= 0 && rank != root) continue;
+          c.expect(got[0], got[2], what + " (single copy from its default size)");
+          c.expect(got[1], got[2], what + " (single copy from one byte)");
+          if (got[2].bytes != got[3].bytes) {
+            bool close = !order_free;
+            const double scale_sum = 8.0 * world;
+            for (size_t i = 0; i < n && close; ++i) {
+              const double x = decode(t, got[2].bytes.data() + i * es);
+              const double y = decode(t, got[3].bytes.data() + i * es);
+              const double scale = product ? std::max(1.0, std::abs(y)) : scale_sum;
+              close = std::abs(x - y) <= tolerance(t) * scale;
+            }
+            if (!close) c.fail(what + ": shm and gloo differ beyond what their orders allow");
+          }
+        }
+      }
+    }
+  }
+  auto count = [&](const char* which, const Calls& calls) {
+    if (calls.got != calls.want) {
+      c.fail(std::string(which) + ": " + std::to_string(calls.got) +
+             " calls went by cross-memory attach, " + std::to_string(calls.want) + " should have");
+    }
+  };
+  count("default sizes", on_big);
+  count("from 1 byte to 1 MiB", on_small);
+  count("CTORCHRUN_DIST_SHM_CMA=0", on_copy);
+  big->barrier();
+  gloo->barrier();
+  if (c.failures() > 0) return 1;
+  std::cout << "cma: rank " << rank << " of " << world << ": " << c.checks() << " checks, "
+            << on_big.got + on_small.got << " single-copy calls" << std::endl;
+  return 0;
+}
+
 int loop(int rounds) {
   auto pg = dist::init_process_group();
   std::vector<int> all;
@@ -654,9 +794,11 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "matrix") return matrix();
-    if (mode == "peer-death" && argc == 5) {
-      return peer_death(std::atoi(argv[2]), argv[3], std::atoi(argv[4]));
+    if (mode == "peer-death" && (argc == 5 || argc == 6)) {
+      const size_t count = argc == 6 ? std::strtoull(argv[5], nullptr, 10) : size_t{1} << 20;
+      return peer_death(std::atoi(argv[2]), argv[3], std::atoi(argv[4]), count);
     }
+    if (mode == "cma") return cma();
     if (mode == "mismatch" && argc == 4) return mismatch(argv[2], std::atoi(argv[3]));
     if (mode == "versus") return versus();
     if (mode == "loop" && argc == 3) return loop(std::atoi(argv[2]));
@@ -664,7 +806,7 @@ int main(int argc, char** argv) {
     std::cerr << "dist_test_worker: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: dist_test_worker matrix | versus | loop ROUNDS | peer-death VICTIM "
-               "kill|stop TIMEOUT_MS | mismatch count|dtype|op|large TIMEOUT_MS\n";
+  std::cerr << "usage: dist_test_worker matrix | versus | cma | loop ROUNDS | peer-death VICTIM "
+               "kill|stop TIMEOUT_MS [COUNT] | mismatch count|dtype|op|large TIMEOUT_MS\n";
   return 2;
 }

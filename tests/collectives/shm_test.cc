@@ -18,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "collectives/process_group.h"
 #include "collectives/shm_backend.h"
+#include "common/error.h"
+#include "store/hash_store.h"
 #include "tests/launcher/launcher_support.h"
 #include "tests/support/process.h"
 
@@ -88,6 +91,23 @@ void versus(int world) {
   CHECK(ranks == world);
 }
 
+// The single-copy all_reduce (cross-memory attach) against the segment path
+// and gloo, and proof that it ran: the worker counts its calls.
+void cma_versus(int world) {
+  auto r = run_ctorchrun(launch_args(world, {"cma"}), {}, seconds(300));
+  INFO("world " << world << "\n" << r.output);
+  CHECK(r.exit_code == 0);
+  const std::regex line("cma: rank \\d of \\d: (\\d+) checks, (\\d+) single-copy calls");
+  int ranks = 0;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
+    ++ranks;
+    CHECK(std::stoi((*it)[1].str()) > 400);
+    CHECK(std::stoi((*it)[2].str()) > 250);
+  }
+  CHECK(ranks == world);
+  CHECK_THAT(r.output, !Catch::Contains("cross-memory attach) unavailable"));
+}
+
 // Three ranks in processes of their own against a ctorch-store, segments in
 // a directory of the test's own; rank 1 dies (or freezes) in an all-reduce.
 struct PeerFailure {
@@ -95,7 +115,8 @@ struct PeerFailure {
   std::vector<std::string> leftovers;  // the segment directory afterwards
 };
 
-PeerFailure peer_failure(const std::string& how, int timeout_ms) {
+PeerFailure peer_failure(const std::string& how, int timeout_ms, size_t count = size_t{1} << 20,
+                         const std::map<std::string, std::string>& extra_env = {}) {
   SegmentDir dir;
   REQUIRE(!dir.path.empty());
   Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
@@ -103,17 +124,16 @@ PeerFailure peer_failure(const std::string& how, int timeout_ms) {
   REQUIRE(port > 0);
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 3; ++r) {
+    std::map<std::string, std::string> env = {
+        {"RANK", std::to_string(r)},           {"WORLD_SIZE", "3"},
+        {"LOCAL_RANK", std::to_string(r)},     {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", std::to_string(port)}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},   {"CTORCHRUN_DIST_SHM_DIR", dir.path}};
+    env.insert(extra_env.begin(), extra_env.end());
     ranks.push_back(std::make_unique<Process>(
         std::vector<std::string>{CTORCHRUN_DIST_WORKER, "peer-death", "1", how,
-                                 std::to_string(timeout_ms)},
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                           {"WORLD_SIZE", "3"},
-                                           {"LOCAL_RANK", std::to_string(r)},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", std::to_string(port)},
-                                           {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                                           {"TORCHELASTIC_RESTART_COUNT", "0"},
-                                           {"CTORCHRUN_DIST_SHM_DIR", dir.path}}));
+                                 std::to_string(timeout_ms), std::to_string(count)},
+        env));
   }
   PeerFailure result;
   for (int r : {0, 2}) {
@@ -166,6 +186,31 @@ TEST_CASE(
   CHECK(result.leftovers.empty());
 }
 
+TEST_CASE(
+    "shm peers: a rank SIGKILLed mid single-copy all_reduce of 32 MiB fails the others with "
+    "IoError within a second",
+    "[multiproc]") {
+  // The victim dies 10 ms into it: the others are reading its buffer or
+  // waiting for it.
+  // Three ranks take the single copy only when told to.
+  auto result = peer_failure(
+      "kill-late", 60000, ctorchrun::dist::kShmCmaMaxBytes / 4,
+      {{"CTORCHRUN_DIST_SHM_CMA_MAX", std::to_string(ctorchrun::dist::kShmCmaMaxBytes)}});
+  for (const auto& out : result.survivors) {
+    INFO(out);
+    // Rounds 0 and 1 went by cross-memory attach.
+    std::smatch calls;
+    REQUIRE(std::regex_search(out, calls, std::regex("single-copy calls (\\d+)")));
+    CHECK(std::stol(calls[1]) == 2);
+    std::smatch m;
+    REQUIRE(std::regex_search(out, m, kFailed));
+    CHECK(m[3].str() == "IoError");
+    CHECK(std::stol(m[2]) <= 1000);
+    CHECK_THAT(m[4].str(), Catch::Contains("all_reduce of 8388608 float32"));
+  }
+  CHECK(result.leftovers.empty());
+}
+
 TEST_CASE("shm peers: a rank frozen mid-collective makes the others time out at the deadline",
           "[multiproc]") {
   auto result = peer_failure("stop", 1500);
@@ -188,6 +233,35 @@ TEST_CASE("shm peers: a rank frozen mid-collective makes the others time out at 
   }
   CHECK(timed_out >= 1);
   CHECK(result.leftovers.empty());
+}
+
+TEST_CASE("shm single copy: all_reduce and reduce agree with the segment path and gloo at 2 ranks",
+          "[multiproc]") {
+  cma_versus(2);
+}
+TEST_CASE("shm single copy: all_reduce and reduce agree with the segment path and gloo at 3 ranks",
+          "[multiproc]") {
+  cma_versus(3);
+}
+TEST_CASE("shm single copy: all_reduce and reduce agree with the segment path and gloo at 4 ranks",
+          "[multiproc]") {
+  cma_versus(4);
+}
+
+TEST_CASE("shm single copy: CTORCHRUN_DIST_SHM_CMA must be 0 or 1", "[unit]") {
+  ctorchrun::dist::InitOptions options;
+  options.rank = 0;
+  options.world_size = 1;
+  options.store = std::make_shared<ctorchrun::store::HashStore>();
+  ::setenv("CTORCHRUN_DIST_SHM_CMA", "bogus", 1);
+  CHECK_THROWS_AS(ctorchrun::dist::init_process_group(options), ctorchrun::ConfigError);
+  CHECK_THROWS_WITH(ctorchrun::dist::init_process_group(options),
+                    Catch::Contains("CTORCHRUN_DIST_SHM_CMA='bogus' must be 0 (off) or 1 (on)"));
+  for (const char* good : {"0", "1"}) {
+    ::setenv("CTORCHRUN_DIST_SHM_CMA", good, 1);
+    CHECK_NOTHROW(ctorchrun::dist::init_process_group(options));
+  }
+  ::unsetenv("CTORCHRUN_DIST_SHM_CMA");
 }
 
 TEST_CASE("shm isolation: two jobs with one run id and two groups of one job share no segment",
