@@ -1,6 +1,7 @@
 #include "collectives/hier_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -72,6 +73,15 @@ struct Layout {
     return static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
   }
 };
+
+// An all_reduce above a piece is pipelined in pieces: the shared-memory
+// chunk, CTORCHRUN_DIST_SHM_CHUNK (64 KiB to 64 MiB), else 4 MiB.
+size_t piece_bytes() {
+  const char* text = std::getenv("CTORCHRUN_DIST_SHM_CHUNK");
+  const unsigned long long value = text == nullptr ? 0 : std::strtoull(text, nullptr, 10);
+  return value >= (64u << 10) && value <= (64u << 20) ? static_cast<size_t>(value)
+                                                      : size_t{4} << 20;
+}
 
 class HierBackend : public Backend {
  public:
@@ -170,8 +180,17 @@ class HierBackend : public Backend {
   // call they belong to.
   void on(std::unique_ptr<Backend>& group, const char* which, Call& call, Op op) {
     op.timeout = remaining(call.deadline);
+    finish(which, call, [&] { group->run(op, false); });
+  }
+  // Starts `op` on the host group, to be finished with finish().
+  WorkHandle start_local(Call& call, Op op) {
+    op.timeout = remaining(call.deadline);
+    return local_->run(op, true);
+  }
+  template <typename Fn>
+  void finish(const char* which, Call& call, Fn fn) {
     try {
-      group->run(op, false);
+      fn();
     } catch (const TimeoutError& e) {
       throw TimeoutError(call.what + " failed in its " + which + " step: " + e.what());
     } catch (const InvalidArgument&) {
@@ -179,6 +198,9 @@ class HierBackend : public Backend {
     } catch (const IoError& e) {
       throw IoError(call.what + " failed in its " + which + " step: " + e.what());
     }
+  }
+  void finish(Call& call, const WorkHandle& work) {
+    finish("host", call, [&] { work->wait(); });
   }
 
   static Op make(OpType type, Buffer output, int peer = 0, ReduceOp reduce = ReduceOp::kSum) {
@@ -219,19 +241,53 @@ class HierBackend : public Backend {
   }
 
   // The reduction of every rank's `data` on every rank (average: divided by
-  // the group's size once, by the leaders).
+  // the group's size once, by the leaders). Above piece_ bytes it goes in
+  // pieces, pipelined: the host group reduces piece i + 1 (on its own
+  // thread) while the leaders all-reduce piece i, and broadcasts piece i
+  // while they do the next. Every rank of a host starts the host steps in
+  // one order (all the reduces, then the broadcasts); a leader starts the
+  // broadcast of a piece once the leaders are done with it.
   void all_reduce(Call& call, const Buffer& data) {
     if (data.count == 0) return;
     const ReduceOp reduce = call.op.reduce;
     const ReduceOp sum = reduce == ReduceOp::kAverage ? ReduceOp::kSum : reduce;
-    local(call, make(OpType::kReduce, data, 0, sum));
-    if (leader()) {
-      across(call, make(OpType::kAllReduce, data, 0, sum));
-      if (reduce == ReduceOp::kAverage) {
-        detail::divide_in_place(data.data, data.count, data.dtype, size_);
-      }
+    const size_t es = element_size(data.dtype);
+    const size_t per = std::max<size_t>(1, piece_ / es);
+    std::vector<Buffer> pieces;
+    for (size_t at = 0; at < data.count; at += per) {
+      Buffer piece = data;
+      piece.data = static_cast<uint8_t*>(data.data) + at * es;
+      piece.count = std::min(per, data.count - at);
+      pieces.push_back(piece);
     }
-    local(call, make(OpType::kBroadcast, data, 0));
+    auto across_piece = [&](const Buffer& piece) {
+      across(call, make(OpType::kAllReduce, piece, 0, sum));
+      if (reduce == ReduceOp::kAverage) {
+        detail::divide_in_place(piece.data, piece.count, piece.dtype, size_);
+      }
+    };
+    if (pieces.size() == 1) {
+      local(call, make(OpType::kReduce, data, 0, sum));
+      if (leader()) across_piece(data);
+      local(call, make(OpType::kBroadcast, data, 0));
+      return;
+    }
+    // On failure execute() destroys the host group, which waits for the
+    // piece in progress and fails the others: none touches `data` after.
+    std::vector<WorkHandle> reduced;
+    std::vector<WorkHandle> spread;
+    for (const Buffer& piece : pieces) {
+      reduced.push_back(start_local(call, make(OpType::kReduce, piece, 0, sum)));
+    }
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (leader()) {
+        finish(call, reduced[i]);
+        across_piece(pieces[i]);
+      }
+      spread.push_back(start_local(call, make(OpType::kBroadcast, pieces[i], 0)));
+    }
+    for (const auto& work : reduced) finish(call, work);
+    for (const auto& work : spread) finish(call, work);
   }
 
   void reduce(Call& call) {
@@ -325,7 +381,8 @@ class HierBackend : public Backend {
   std::unique_ptr<Backend> local_;    // this host's ranks
   std::unique_ptr<Backend> leaders_;  // one rank a host; null on the others
   std::unique_ptr<Backend> gloo_;     // every rank: gather, scatter, all_to_all, send, recv
-  std::string broken_;                // why the group is unusable; empty while it is usable
+  const size_t piece_ = piece_bytes();
+  std::string broken_;  // why the group is unusable; empty while it is usable
   // Last: its thread runs execute(), which uses everything above.
   OpQueue queue_{
       [this](const Op& op, uint32_t tag, const PromiseWork& work) { execute(op, tag, work); }};

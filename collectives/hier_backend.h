@@ -28,7 +28,10 @@
 //  - all_reduce: H reduce to the leader, L all_reduce, H broadcast from the
 //    leader. An average is a sum all the way, divided once by the group's
 //    size by the leaders before the last broadcast: exact, not an average
-//    of the hosts' averages.
+//    of the hosts' averages. A message larger than the shared-memory chunk
+//    (CTORCHRUN_DIST_SHM_CHUNK, default 4 MiB) goes in pieces of a chunk,
+//    pipelined: H reduces the next piece while L all-reduces this one, and
+//    H broadcasts pieces while L does the later ones.
 //  - reduce to root R: H reduce to the leader, L reduce to R's host's
 //    leader, then, when R is not its host's leader, an H broadcast from the
 //    leader on R's host only. R ends with the result; every other rank's

@@ -7,9 +7,10 @@
 //     world group and on subgroups; inputs are small integers, results are
 //     compared bit for bit. Prints "matrix: N checks passed" (exit 0) or each
 //     failure (exit 1).
-//   dist_test_worker peer-death VICTIM kill|stop TIMEOUT_MS
+//   dist_test_worker peer-death VICTIM kill|kill-late|stop TIMEOUT_MS
 //     all ranks all-reduce 4 MiB in a loop; on the third round rank VICTIM
-//     starts the all-reduce and then SIGKILLs or SIGSTOPs itself. Each rank
+//     starts the all-reduce and then SIGKILLs (kill-late: 5 ms later) or
+//     SIGSTOPs itself. Each rank
 //     prints "transport T" first; the others print "survivor R failed after
 //     MS ms: TYPE: WHAT" (TYPE: IoError, TimeoutError, other) and exit 7.
 //   dist_test_worker versus [TRANSPORT]
@@ -399,7 +400,9 @@ int peer_death(int victim, const std::string& how, int timeout_ms) {
       auto work = pg->all_reduce_async(dist::make_buffer(data.data(), data.size()));
       if (round == 2 && pg->rank() == victim) {
         std::cout << "victim " << victim << " " << how << "s itself" << std::endl;
-        ::raise(how == "kill" ? SIGKILL : SIGSTOP);
+        // kill-late: once the op (on the group's thread) is under way.
+        if (how == "kill-late") ::usleep(5000);
+        ::raise(how == "stop" ? SIGSTOP : SIGKILL);
       }
       work->wait();
     } catch (const std::exception& e) {
@@ -755,6 +758,6 @@ int main(int argc, char** argv) {
   }
   std::cerr << "usage: dist_test_worker matrix | versus [TRANSPORT] | async-order | loop ROUNDS | "
                "peer-death VICTIM "
-               "kill|stop TIMEOUT_MS | mismatch count|dtype|op|large|upper TIMEOUT_MS\n";
+               "kill|kill-late|stop TIMEOUT_MS | mismatch count|dtype|op|large|upper TIMEOUT_MS\n";
   return 2;
 }

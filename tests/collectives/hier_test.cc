@@ -113,9 +113,11 @@ void versus(const std::vector<int>& host_of) {
 }
 
 // Rank `victim` kills or freezes itself in the third 4 MiB all-reduce of
-// four ranks on two hosts ({0,1} and {2,3}); returns the others' outputs.
+// four ranks on two hosts ({0,1} and {2,3}), which goes in four pipelined
+// pieces of 1 MiB; returns the others' outputs.
 std::vector<std::string> peer_failure(int victim, const std::string& how, int timeout_ms) {
-  Job job({0, 0, 1, 1}, {"peer-death", std::to_string(victim), how, std::to_string(timeout_ms)});
+  Job job({0, 0, 1, 1}, {"peer-death", std::to_string(victim), how, std::to_string(timeout_ms)},
+          {{"CTORCHRUN_DIST_SHM_CHUNK", "1048576"}});
   std::vector<std::string> survivors;
   for (int r = 0; r < 4; ++r) {
     if (r == victim) continue;
@@ -131,9 +133,9 @@ std::vector<std::string> peer_failure(int victim, const std::string& how, int ti
 
 const std::regex kFailed("survivor (\\d) failed after (\\d+) ms: (\\w+): (.*)");
 
-void killed(int victim) {
+void killed(int victim, const std::string& how) {
   // The group timeout is long: the survivors must not need it.
-  for (const auto& out : peer_failure(victim, "kill", 60000)) {
+  for (const auto& out : peer_failure(victim, how, 60000)) {
     INFO(out);
     CHECK_THAT(out, Catch::Contains("transport hier"));
     std::smatch m;
@@ -204,14 +206,16 @@ TEST_CASE(
     "hier peers: a rank SIGKILLed mid-all_reduce on the other host fails every survivor "
     "with IoError within two seconds",
     "[multiproc]") {
-  killed(3);  // not its host's leader
+  killed(3, "kill");       // not its host's leader
+  killed(3, "kill-late");  // in the pipelined pieces rather than the call check
 }
 
 TEST_CASE(
     "hier peers: a host leader SIGKILLed mid-all_reduce fails every survivor with IoError "
     "within two seconds",
     "[multiproc]") {
-  killed(2);
+  killed(2, "kill");
+  killed(2, "kill-late");
 }
 
 TEST_CASE("hier peers: a rank frozen mid-all_reduce makes the others time out at the deadline",
