@@ -67,7 +67,15 @@
 // (three small steps, each of a fixed shape whatever the call). Every rank
 // then compares the same table, so a call that differs between any two
 // ranks, on one host or on two, is the same InvalidArgument on every rank,
-// no buffer has changed, and the group stays usable.
+// no buffer has changed, and the group stays usable. An all_reduce of up to
+// 4 KiB rides along: each record carries the rank's data, the leaders
+// reduce it (within the host in rank order, then in host order) once the
+// signatures agree, and the last step brings the result with the table; so
+// a small checked all_reduce is three steps, as an unchecked one is (4 ranks
+// as 2 x 2 on a loaded 2-core machine: median 0.6 ms a 4-byte call either
+// way, flat gloo 6.5 ms). A larger call pays the three steps on top of its
+// own (about the cost of a small all_reduce); CTORCHRUN_DIST_CHECK_CALLS=0
+// skips them.
 //
 // Failures: a rank whose step fails (a peer died, a connection dropped, the
 // op's deadline passed) destroys its subgroups, so that the peers waiting

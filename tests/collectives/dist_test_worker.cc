@@ -32,10 +32,11 @@
 //     prints "transport T", then the ranks all-reduce with arguments that
 //     differ by KIND: count (4 vs 3 float32 on rank 1), dtype (float32 vs
 //     int32 on rank 1), op (sum vs max on rank 1), large (1000 vs 500
-//     float32), upper (4 float32, 3 on the upper half of the ranks). Each
-//     rank prints "mismatch R: OUTCOME" (the error's type and text, or what
-//     it got), then all-reduces once more, alike on all, and prints
-//     "after R: ok" or what went wrong. Exit 0.
+//     float32), upper (4 float32, 3 on the upper half of the ranks),
+//     straddle (4 float32, 2000 on the upper half). Each
+//     rank prints "mismatch R: OUTCOME" (the error's type and text and
+//     whether its buffer is intact, or what it got), then all-reduces once more, alike on all, and
+//     prints "after R: ok" or what went wrong. Exit 0.
 //   dist_test_worker async-order
 //     prints "transport T", then starts 24 all-reduces, broadcasts (from
 //     rank i mod world), all-gathers and barriers of its own values at
@@ -639,7 +640,7 @@ int mismatch(const std::string& kind, int timeout_ms) {
   auto pg = dist::init_process_group(options);
   std::cout << "transport " << pg->transport() << std::endl;
   const int rank = pg->rank();
-  std::vector<float> floats(1000, 1.0f);
+  std::vector<float> floats(2000, 1.0f);
   std::vector<int32_t> ints(4, 1);
   dist::Buffer buffer = dist::make_buffer(floats.data(), 4);
   ReduceOp op = ReduceOp::kSum;
@@ -648,12 +649,16 @@ int mismatch(const std::string& kind, int timeout_ms) {
   if (kind == "op" && rank == 1) op = ReduceOp::kMax;
   if (kind == "large") buffer.count = rank == 0 ? 1000 : 500;
   if (kind == "upper" && rank >= (pg->size() + 1) / 2) buffer.count = 3;
+  if (kind == "straddle" && rank >= (pg->size() + 1) / 2) buffer.count = 2000;
   std::string outcome;
   try {
     pg->all_reduce(buffer, op);
     outcome = "no error, got " + std::to_string(kind == "dtype" && rank == 1 ? ints[0] : floats[0]);
   } catch (const ctorchrun::InvalidArgument& e) {
     outcome = std::string("InvalidArgument: ") + e.what();
+    const bool intact = std::all_of(floats.begin(), floats.end(), [](float x) { return x == 1; }) &&
+                        std::all_of(ints.begin(), ints.end(), [](int32_t x) { return x == 1; });
+    outcome += intact ? " [buffer intact]" : " [buffer changed]";
   } catch (const ctorchrun::ConfigError& e) {
     outcome = std::string("ConfigError: ") + e.what();
   } catch (const ctorchrun::TimeoutError& e) {
@@ -758,6 +763,7 @@ int main(int argc, char** argv) {
   }
   std::cerr << "usage: dist_test_worker matrix | versus [TRANSPORT] | async-order | loop ROUNDS | "
                "peer-death VICTIM "
-               "kill|kill-late|stop TIMEOUT_MS | mismatch count|dtype|op|large|upper TIMEOUT_MS\n";
+               "kill|kill-late|stop TIMEOUT_MS | mismatch count|dtype|op|large|upper|straddle "
+               "TIMEOUT_MS\n";
   return 2;
 }

@@ -157,7 +157,8 @@ void mismatch(const std::vector<int>& host_of, const std::string& kind, const st
     const std::string rank = std::to_string(r);
     CHECK_THAT(out, Catch::Contains("transport hier"));
     CHECK_THAT(out, Catch::Contains("mismatch " + rank + ": InvalidArgument: ") &&
-                        Catch::Contains(calls) && Catch::Contains("no data moved"));
+                        Catch::Contains(calls) && Catch::Contains("no data moved") &&
+                        Catch::Contains("[buffer intact]"));
     CHECK_THAT(out, Catch::Contains("after " + rank + ": ok"));
     CHECK(job.ranks[r]->exit_code(seconds(10)) == 0);
   }
@@ -249,6 +250,9 @@ TEST_CASE(
   // Rank 1 alone on its host.
   mismatch({0, 1, 0}, "count",
            "ranks 0,2: all_reduce of 4 float32 (sum); rank 1: all_reduce of 3 float32 (sum)");
+  // A call small enough to ride with the check against one that is not.
+  mismatch({0, 0, 1, 1}, "straddle",
+           "ranks 0,1: all_reduce of 4 float32 (sum); ranks 2,3: all_reduce of 2000 float32 (sum)");
   // Within one host of two.
   mismatch({0, 0, 1, 1}, "op",
            "ranks 0,2,3: all_reduce of 4 float32 (sum); rank 1: all_reduce of 4 float32 (max)");
