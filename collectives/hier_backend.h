@@ -15,7 +15,8 @@
 //  - the host group: this host's ranks, in group-rank order (its rank 0, the
 //    host's lowest group rank, is the host's leader), built by
 //    create_host_backend() itself under the store prefix "hier/host<k>"
-//    (hosts numbered by their lowest group rank) and the group key extended
+//    (hosts numbered by their lowest group rank; its own "shm/host"
+//    exchange is among the host's ranks) and the group key extended
 //    likewise: shared memory on a host of two or more ranks (or gloo there
 //    when the segment cannot be made, logged as on one host), a group of one
 //    on a host of one;
@@ -52,8 +53,10 @@
 //    move more). send and recv: the whole group's gloo at once, not queued.
 // Collectives run in the order they are started, one at a time: an _async
 // one on the group's thread, a blocking one on its caller's thread once
-// everything started before it is done; each step calls a subgroup with
-// async false.
+// everything started before it is done. Each step calls a subgroup with
+// async false, except the host steps of a pipelined all_reduce, which run
+// on the host group's own thread and are all waited for before the call
+// ends.
 //
 // Results: integers, min and max are bit for bit those of a flat gloo
 // group; so is every broadcast and gather. Floating sums, products and
@@ -81,8 +84,9 @@
 // op's deadline passed) destroys its subgroups, so that the peers waiting
 // for it in either fail at once with IoError instead of at their deadline:
 // a leader whose L step fails wakes its host's ranks (they see the leader
-// leave the shared segment), and a rank whose H step fails makes its leader
-// leave L (the other leaders' gloo sees the connection close). A rank that
+// leave the shared segment), and a leader whose H step fails (a rank of its
+// host died) leaves L, whose other leaders see the connection close and
+// pass it on to their hosts alike. A rank that
 // is alive but stuck makes its peers throw TimeoutError at the op's deadline
 // (one deadline for all of the op's steps), or IoError when a peer's
 // timeout reaches them first. After either the group is unusable: every
