@@ -10,7 +10,8 @@
 //
 // Backends are registered by name (register_backend) from the library that
 // implements them: "gloo" by libctorch_dist itself (with its shared-memory
-// path between ranks of one host, collectives/shm_backend.h), "nccl" by
+// path between ranks of one host, collectives/shm_backend.h, and its
+// hierarchical one across hosts, collectives/hier_backend.h), "nccl" by
 // libctorch_dist_nccl when it is linked.
 
 #include <chrono>
@@ -83,7 +84,8 @@ class Backend {
 
   virtual std::string name() const = 0;
   // How the collectives move: "gloo", "shm" (shared memory, one host),
-  // "nccl". name() is what new_group and users ask for; this is what runs.
+  // "hier" (shared memory within hosts, gloo between them), "nccl". name()
+  // is what new_group and users ask for; this is what runs.
   virtual std::string transport() const { return name(); }
 
   // Starts `op`. With `async` false the call returns once the operation has

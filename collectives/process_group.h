@@ -87,8 +87,9 @@ struct InitOptions {
   std::optional<bool> check_calls;  // CTORCHRUN_DIST_CHECK_CALLS
   // gloo: when every rank of a group runs on this host, collectives move
   // through a shared-memory segment instead of loopback TCP (see
-  // collectives/shm_backend.h). CTORCHRUN_DIST_SHM=0 turns it off (default
-  // on). Subgroups inherit it.
+  // collectives/shm_backend.h); when they run on several hosts, through
+  // shared memory within each and gloo between them (hier_backend.h).
+  // CTORCHRUN_DIST_SHM=0 turns it off (default on). Subgroups inherit it.
   std::optional<bool> shm;  // CTORCHRUN_DIST_SHM
 };
 
@@ -104,7 +105,8 @@ class ProcessGroup {
   int rank() const { return context_.rank; }
   int size() const { return context_.size; }
   std::string backend_name() const { return backend_->name(); }
-  // What moves the data: "shm" for a gloo group on one host, else the backend's name.
+  // What moves the data: "shm" for a gloo group on one host, "hier" for one
+  // on several (collectives/hier_backend.h), else the backend's name.
   std::string transport() const { return backend_->transport(); }
   Device device() const { return context_.device; }
   std::chrono::milliseconds timeout() const { return context_.timeout; }

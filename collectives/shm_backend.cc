@@ -31,6 +31,7 @@
 
 #include "collectives/call_signature.h"
 #include "collectives/gloo_backend.h"
+#include "collectives/hier_backend.h"
 #include "collectives/op_queue.h"
 #include "collectives/reduce_kernels.h"
 #include "common/error.h"
@@ -1147,6 +1148,12 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
     std::string why;
     mapping = set_up_segment(context, dir, deadline, why, probes, cma_sizes);
     if (!mapping) warn_fallback_once(why);
+  } else if (wanted) {
+    // Several hosts: shared memory within each, gloo between them
+    // (collectives/hier_backend.h), unless every host has one rank.
+    std::vector<std::string> hosts;
+    for (const auto& v : views) hosts.push_back(v.substr(std::min<size_t>(2, v.size())));
+    if (auto hier = create_hier_backend(context, hosts, deadline)) return hier;
   }
   BackendContext rest = context;
   rest.timeout =

@@ -12,10 +12,14 @@
 // more wants it and all are on one host (in one pid namespace), the group
 // runs all_reduce, broadcast, reduce, all_gather, reduce_scatter and
 // barrier through shared memory; gather, scatter and all_to_all through
-// gloo, in the group's order; send and recv through gloo. Otherwise (ranks on several hosts, the
-// switch off on any rank, a segment that cannot be made or mapped on any rank) the group is gloo
-// alone, and a fallback for a reason other than the switch or several hosts is logged once per
-// process (a warning on logger "coll").
+// gloo, in the group's order; send and recv through gloo. When all want it
+// and the ranks are on several hosts, some with two ranks or more, the
+// group is hierarchical: shared memory within each host, gloo between hosts
+// (collectives/hier_backend.h, create_hier_backend, given the host
+// identities of this exchange). Otherwise (the switch off on any rank, one
+// rank a host, a segment that cannot be made or mapped on any rank) the
+// group is gloo alone, and a fallback for a reason other than the switch or
+// the hosts is logged once per process (a warning on logger "coll").
 //
 // The segment: rank 0 removes this host's stale segments (names whose
 // creator pid is dead, sweep_stale_segments), creates

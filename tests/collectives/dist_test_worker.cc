@@ -9,12 +9,14 @@
 //     failure (exit 1).
 //   dist_test_worker peer-death VICTIM kill|kill-late|stop TIMEOUT_MS [COUNT]
 //     all ranks all-reduce 4 MiB in a loop (COUNT float32 when given); on the third round rank
-//     VICTIM starts the all-reduce and then SIGKILLs (kill-late: 10 ms later) or SIGSTOPs itself.
+//     VICTIM starts the all-reduce and then SIGKILLs (kill-late: 5 ms later) or SIGSTOPs itself.
 //     Each rank prints "transport T" first; the others print "survivor R failed after MS ms: TYPE:
 //     WHAT" (TYPE: IoError, TimeoutError, other) and exit 7; each prints "single-copy calls N"
 //     (shm_cma_calls) after round 1.
-//   dist_test_worker versus
-//     two groups of the same ranks, one on shared memory (InitOptions::shm)
+//   dist_test_worker versus [TRANSPORT]
+//     two groups of the same ranks, one on shared memory (InitOptions::shm,
+//     whose transport must be TRANSPORT, default shm; hier: reduce and
+//     broadcast also from root 1 and from root 0)
 //     and one on gloo alone; every shared-memory op x data type x reduce op
 //     on pseudo-random inputs, at sizes on both sides of the flat limit and
 //     of a chunk, compared between the two: bit for bit at two ranks, for
@@ -39,11 +41,19 @@
 //     on the world group and on a second group of the same ranks in turn,
 //     each round's values its own, checked; prints "loop: rank R ok" (exit 0).
 //   dist_test_worker mismatch KIND TIMEOUT_MS
-//     two ranks all-reduce with arguments that differ by KIND: count (4 vs 3
-//     float32), dtype (float32 vs int32), op (sum vs max), large (1000 vs 500
-//     float32). Each rank prints "mismatch R: OUTCOME" (the error's type and
-//     text, or what it got), then all-reduces once more, alike on both, and
+//     prints "transport T", then the ranks all-reduce with arguments that
+//     differ by KIND: count (4 vs 3 float32 on rank 1), dtype (float32 vs
+//     int32 on rank 1), op (sum vs max on rank 1), large (1000 vs 500
+//     float32), upper (4 float32, 3 on the upper half of the ranks),
+//     straddle (4 float32, 2000 on the upper half). Each
+//     rank prints "mismatch R: OUTCOME" (the error's type and text and
+//     whether its buffer is intact, or what it got), then all-reduces once more, alike on all, and
 //     prints "after R: ok" or what went wrong. Exit 0.
+//   dist_test_worker async-order
+//     prints "transport T", then starts 24 all-reduces, broadcasts (from
+//     rank i mod world), all-gathers and barriers of its own values at
+//     once, waits for them last to first and checks every result; prints
+//     "async: rank R ok" (exit 0) or each failure (exit 1).
 
 #include <signal.h>
 #include <unistd.h>
@@ -406,8 +416,8 @@ int peer_death(int victim, const std::string& how, int timeout_ms, size_t count)
       auto work = pg->all_reduce_async(dist::make_buffer(data.data(), data.size()));
       if (round == 2 && pg->rank() == victim) {
         std::cout << "victim " << victim << " " << how << "s itself" << std::endl;
-        // kill-late: once the peers are well into it.
-        if (how == "kill-late") std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        // kill-late: once the op (on the group's thread) is under way.
+        if (how == "kill-late") std::this_thread::sleep_for(std::chrono::milliseconds(5));
         ::raise(how == "stop" ? SIGSTOP : SIGKILL);
       }
       work->wait();
@@ -492,7 +502,7 @@ double tolerance(DataType t) {
   }
 }
 
-int versus() {
+int versus(const std::string& want) {
   dist::InitOptions on;
   on.shm = true;
   auto shm = dist::init_process_group(on);
@@ -503,7 +513,15 @@ int versus() {
   const int world = shm->size();
   const auto w = static_cast<size_t>(world);
   Checker c(rank);
-  if (world > 1 && shm->transport() != "shm") c.fail("the shm group runs on " + shm->transport());
+  if (world > 1 && shm->transport() != want) c.fail("the shm group runs on " + shm->transport());
+  // The hierarchical path hands results on within a host: roots that are
+  // and are not their host's first rank.
+  std::vector<int> roots = {world - 1};
+  std::vector<int> broadcast_roots = {1 % world};
+  if (want == "hier") {
+    roots = {world - 1, 1 % world, 0};
+    broadcast_roots = {1 % world, 0, world - 1};
+  }
   if (gloo->transport() != "gloo") c.fail("the gloo group runs on " + gloo->transport());
   int identical = 0;
   // `exact`: the two paths must agree bit for bit; otherwise within the
@@ -558,21 +576,25 @@ int versus() {
         gloo->all_reduce(b.buffer(), op);
         const bool product = op == ReduceOp::kProduct;
         compare(a, b, order_free, label("all_reduce", t, n, tag.c_str()), product);
-        const int root = world - 1;
-        Raw ra = fill(n, op), rb = fill(n, op);
-        shm->reduce(ra.buffer(), root, op);
-        gloo->reduce(rb.buffer(), root, op);
-        if (rank == root) compare(ra, rb, order_free, label("reduce", t, n, tag.c_str()), product);
+        for (int root : roots) {
+          Raw ra = fill(n, op), rb = fill(n, op);
+          shm->reduce(ra.buffer(), root, op);
+          gloo->reduce(rb.buffer(), root, op);
+          if (rank == root)
+            compare(ra, rb, order_free, label("reduce", t, n, tag.c_str()), product);
+        }
         Raw in = fill(n * w, op);
         Raw oa(t, n), ob(t, n);
         shm->reduce_scatter(in.buffer(), oa.buffer(), op);
         gloo->reduce_scatter(in.buffer(), ob.buffer(), op);
         compare(oa, ob, order_free, label("reduce_scatter", t, n, tag.c_str()), product);
       }
-      Raw ba = fill(n, ReduceOp::kSum), bb = fill(n, ReduceOp::kSum);
-      shm->broadcast(ba.buffer(), 1 % world);
-      gloo->broadcast(bb.buffer(), 1 % world);
-      compare(ba, bb, true, label("broadcast", t, n));
+      for (int root : broadcast_roots) {
+        Raw ba = fill(n, ReduceOp::kSum), bb = fill(n, ReduceOp::kSum);
+        shm->broadcast(ba.buffer(), root);
+        gloo->broadcast(bb.buffer(), root);
+        compare(ba, bb, true, label("broadcast", t, n));
+      }
       Raw gin = fill(n, ReduceOp::kSum);
       Raw ga(t, n * w), gb(t, n * w);
       shm->all_gather(gin.buffer(), ga.buffer());
@@ -753,8 +775,9 @@ int mismatch(const std::string& kind, int timeout_ms) {
   dist::InitOptions options;
   options.timeout = std::chrono::milliseconds(timeout_ms);
   auto pg = dist::init_process_group(options);
+  std::cout << "transport " << pg->transport() << std::endl;
   const int rank = pg->rank();
-  std::vector<float> floats(1000, 1.0f);
+  std::vector<float> floats(2000, 1.0f);
   std::vector<int32_t> ints(4, 1);
   dist::Buffer buffer = dist::make_buffer(floats.data(), 4);
   ReduceOp op = ReduceOp::kSum;
@@ -762,12 +785,17 @@ int mismatch(const std::string& kind, int timeout_ms) {
   if (kind == "dtype" && rank == 1) buffer = dist::make_buffer(ints.data(), ints.size());
   if (kind == "op" && rank == 1) op = ReduceOp::kMax;
   if (kind == "large") buffer.count = rank == 0 ? 1000 : 500;
+  if (kind == "upper" && rank >= (pg->size() + 1) / 2) buffer.count = 3;
+  if (kind == "straddle" && rank >= (pg->size() + 1) / 2) buffer.count = 2000;
   std::string outcome;
   try {
     pg->all_reduce(buffer, op);
     outcome = "no error, got " + std::to_string(kind == "dtype" && rank == 1 ? ints[0] : floats[0]);
   } catch (const ctorchrun::InvalidArgument& e) {
     outcome = std::string("InvalidArgument: ") + e.what();
+    const bool intact = std::all_of(floats.begin(), floats.end(), [](float x) { return x == 1; }) &&
+                        std::all_of(ints.begin(), ints.end(), [](int32_t x) { return x == 1; });
+    outcome += intact ? " [buffer intact]" : " [buffer changed]";
   } catch (const ctorchrun::ConfigError& e) {
     outcome = std::string("ConfigError: ") + e.what();
   } catch (const ctorchrun::TimeoutError& e) {
@@ -788,6 +816,71 @@ int mismatch(const std::string& kind, int timeout_ms) {
   return 0;
 }
 
+int async_order() {
+  auto pg = dist::init_process_group();
+  std::cout << "transport " << pg->transport() << std::endl;
+  const int rank = pg->rank();
+  const int world = pg->size();
+  constexpr int kOps = 24;
+  constexpr size_t kCount = 3000;
+  std::vector<std::vector<float>> data(kOps);
+  std::vector<std::vector<float>> inputs(kOps);
+  std::vector<dist::WorkHandle> works;
+  for (int i = 0; i < kOps; ++i) {
+    auto& d = data[static_cast<size_t>(i)];
+    d.assign(kCount, static_cast<float>((i + 1) * (rank + 1)));
+    switch (i % 4) {
+      case 0:
+      case 1:
+        works.push_back(pg->all_reduce_async(dist::make_buffer(d.data(), d.size())));
+        break;
+      case 2:
+        works.push_back(pg->broadcast_async(dist::make_buffer(d.data(), d.size()), i % world));
+        break;
+      default: {
+        // All-gathers 1/world of it: element k of the result is rank k's value.
+        const size_t part = kCount / static_cast<size_t>(world);
+        inputs[static_cast<size_t>(i)].assign(part, static_cast<float>((i + 1) * (rank + 1)));
+        auto& in = inputs[static_cast<size_t>(i)];
+        works.push_back(pg->all_gather_async(dist::make_buffer(in.data(), in.size()),
+                                             dist::make_buffer(d.data(), part * world)));
+        works.push_back(pg->barrier_async());
+        break;
+      }
+    }
+  }
+  for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+  int failures = 0;
+  const size_t part = kCount / static_cast<size_t>(world);
+  for (int i = 0; i < kOps; ++i) {
+    const auto& d = data[static_cast<size_t>(i)];
+    for (size_t k = 0; k < (i % 4 == 3 ? part * static_cast<size_t>(world) : kCount); ++k) {
+      float want = 0;
+      switch (i % 4) {
+        case 0:
+        case 1:
+          want = static_cast<float>((i + 1) * world * (world + 1) / 2);
+          break;
+        case 2:
+          want = static_cast<float>((i + 1) * (i % world + 1));
+          break;
+        default:
+          want = static_cast<float>((i + 1) * (static_cast<int>(k / part) + 1));
+          break;
+      }
+      if (d[k] != want) {
+        std::cerr << "async: rank " << rank << " op " << i << " element " << k << " is " << d[k]
+                  << ", want " << want << "\n";
+        ++failures;
+        break;
+      }
+    }
+  }
+  if (failures > 0) return 1;
+  std::cout << "async: rank " << rank << " ok" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -800,13 +893,15 @@ int main(int argc, char** argv) {
     }
     if (mode == "cma") return cma();
     if (mode == "mismatch" && argc == 4) return mismatch(argv[2], std::atoi(argv[3]));
-    if (mode == "versus") return versus();
+    if (mode == "versus" && argc <= 3) return versus(argc == 3 ? argv[2] : "shm");
+    if (mode == "async-order") return async_order();
     if (mode == "loop" && argc == 3) return loop(std::atoi(argv[2]));
   } catch (const std::exception& e) {
     std::cerr << "dist_test_worker: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: dist_test_worker matrix | versus | cma | loop ROUNDS | peer-death VICTIM "
-               "kill|stop TIMEOUT_MS [COUNT] | mismatch count|dtype|op|large TIMEOUT_MS\n";
+  std::cerr << "usage: dist_test_worker matrix | versus [TRANSPORT] | cma | async-order | "
+               "loop ROUNDS | peer-death VICTIM kill|kill-late|stop TIMEOUT_MS [COUNT] | "
+               "mismatch count|dtype|op|large|upper|straddle TIMEOUT_MS\n";
   return 2;
 }
