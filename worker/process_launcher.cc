@@ -74,6 +74,7 @@
 #include "worker/console.h"
 #include "worker/executable.h"
 #include "worker/launcher.h"
+#include "worker/proc_file.h"
 #include "worker/tee_writer.h"
 #include "worker/unique_fd.h"
 #include "worker/watcher.h"
@@ -122,8 +123,7 @@ void own(pid_t pid, bool owned) {
 
 // Session id and state of `pid` from /proc/<pid>/stat; false if gone.
 bool read_stat(pid_t pid, pid_t* sid, char* state) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   auto close = text.rfind(')');
   if (close == std::string::npos) return false;
   std::istringstream rest(text.substr(close + 1));
@@ -143,9 +143,10 @@ bool own_children(std::vector<pid_t>* out) {
   bool any = false;
   while (dirent* ent = ::readdir(dir)) {
     if (ent->d_name[0] == '.') continue;
-    std::ifstream in(std::string("/proc/self/task/") + ent->d_name + "/children");
-    if (!in) continue;
+    const std::string path = std::string("/proc/self/task/") + ent->d_name + "/children";
+    if (::access(path.c_str(), R_OK) != 0) continue;
     any = true;
+    std::istringstream in(read_proc_file(path));
     long pid = 0;
     while (in >> pid) out->push_back(static_cast<pid_t>(pid));
   }
@@ -560,7 +561,13 @@ void ProcessLauncher::run_io() {
 void ProcessLauncher::arm_sigchld() {
   sigchld_.async_wait([this](const boost::system::error_code& ec, int) {
     if (ec == asio::error::operation_aborted) return;
-    on_sigchld();
+    // Re-armed whatever happens: a handler that throws must not leave the
+    // exits of the workers unseen.
+    try {
+      on_sigchld();
+    } catch (const std::exception& e) {
+      log_->error("handling SIGCHLD failed: {}", e.what());
+    }
     arm_sigchld();
   });
 }
@@ -914,7 +921,8 @@ void ProcessLauncher::signal_attached_escapees(int sig) {
     if (dir == nullptr) continue;
     while (dirent* ent = ::readdir(dir)) {
       if (ent->d_name[0] == '.') continue;
-      std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + ent->d_name + "/children");
+      std::istringstream in(
+          read_proc_file("/proc/" + std::to_string(pid) + "/task/" + ent->d_name + "/children"));
       long child = 0;
       while (in >> child) {
         queue.emplace_back(static_cast<pid_t>(child), pgid);

@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "tests/worker/worker_test_util.h"
 #include "worker/executable.h"
 #include "worker/launcher.h"
+#include "worker/proc_file.h"
 #include "worker/tee_writer.h"
 
 using namespace ctorchrun;
@@ -200,4 +203,35 @@ TEST_CASE("WorkerExit: signals are named and never read as exit codes", "[unit]"
   segv.signal = SIGSEGV;
   CHECK(segv.failed());
   CHECK(describe(segv) == "signal SIGSEGV (11)");
+}
+
+// A /proc file of a process that exits between the open and the read: the
+// read fails with ESRCH. std::filebuf throws on that (it once stopped the
+// launcher's SIGCHLD handler); read_fd_text ends the text instead.
+TEST_CASE("proc files: a process gone between open and read ends the text and throws nothing",
+          "[unit]") {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const std::string path = "/proc/" + std::to_string(child) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  std::ifstream stream(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(stream.is_open());
+  ::kill(child, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  // The hazard itself, so that this test shows what it guards against.
+  CHECK_THROWS_AS(
+      std::string((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>()),
+      std::ios_base::failure);
+  std::string text = "unchanged";
+  CHECK_NOTHROW(text = ctorchrun::worker::read_fd_text(fd));
+  CHECK(text.empty());
+  ::close(fd);
+  CHECK(ctorchrun::worker::read_proc_file(path).empty());  // gone: cannot be opened
+  CHECK(ctorchrun::worker::read_proc_file("/proc/self/stat").find(')') != std::string::npos);
 }
