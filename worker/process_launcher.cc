@@ -567,6 +567,8 @@ void ProcessLauncher::arm_sigchld() {
       on_sigchld();
     } catch (const std::exception& e) {
       log_->error("handling SIGCHLD failed: {}", e.what());
+    } catch (...) {
+      log_->error("handling SIGCHLD failed: an exception of unknown type");
     }
     arm_sigchld();
   });
@@ -619,18 +621,24 @@ void ProcessLauncher::on_sigchld() {
     return;
   }
   // Output written before the exit is in the pipes now: pass it on before
-  // anyone hears of the exit.
+  // anyone hears of the exit. These workers are marked exited already, so
+  // whatever this throws, their exits are published below all the same.
   for (auto& w : exited) {
-    for (auto& pump : w->pumps) pump->drain();
-    if (w->status_lost) {
-      log_->error("worker exit status lost local_rank={} pid={}: reaped by someone else",
-                  w->local_rank, w->pid);
-    } else if (w->exit.signaled) {
-      log_->info("worker exited local_rank={} pid={} signal={}", w->local_rank, w->pid,
-                 signal_name(w->exit.signal));
-    } else {
-      log_->info("worker exited local_rank={} pid={} exit_code={}", w->local_rank, w->pid,
-                 w->exit.exit_code);
+    try {
+      for (auto& pump : w->pumps) pump->drain();
+      if (w->status_lost) {
+        log_->error("worker exit status lost local_rank={} pid={}: reaped by someone else",
+                    w->local_rank, w->pid);
+      } else if (w->exit.signaled) {
+        log_->info("worker exited local_rank={} pid={} signal={}", w->local_rank, w->pid,
+                   signal_name(w->exit.signal));
+      } else {
+        log_->info("worker exited local_rank={} pid={} exit_code={}", w->local_rank, w->pid,
+                   w->exit.exit_code);
+      }
+    } catch (const std::exception& e) {
+      log_->error("passing on the last output of local_rank={} pid={} failed: {}", w->local_rank,
+                  w->pid, e.what());
     }
   }
   {

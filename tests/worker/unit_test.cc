@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -228,10 +229,37 @@ TEST_CASE("proc files: a process gone between open and read ends the text and th
   CHECK_THROWS_AS(
       std::string((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>()),
       std::ios_base::failure);
-  std::string text = "unchanged";
+  std::optional<std::string> text = "unchanged";
   CHECK_NOTHROW(text = ctorchrun::worker::read_fd_text(fd));
-  CHECK(text.empty());
+  CHECK(!text);  // a failed read is no text, not an empty one
   ::close(fd);
   CHECK(ctorchrun::worker::read_proc_file(path).empty());  // gone: cannot be opened
   CHECK(ctorchrun::worker::read_proc_file("/proc/self/stat").find(')') != std::string::npos);
+}
+
+TEST_CASE("proc files: a text past the limit or a failing read is never returned cut short",
+          "[unit]") {
+  ctorchrun::testing::TempDir dir("procfile");
+  const auto write_bytes = [&](const std::string& name, size_t bytes) {
+    std::ofstream out(dir.file(name), std::ios::binary);
+    out << std::string(bytes, '7');
+    return dir.file(name);
+  };
+  const auto read_path = [](const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    auto text = ctorchrun::worker::read_fd_text(fd);
+    ::close(fd);
+    return text;
+  };
+  const size_t limit = ctorchrun::worker::kProcTextLimit;
+  const auto whole = read_path(write_bytes("at_limit", limit));
+  REQUIRE(whole);
+  CHECK(whole->size() == limit);
+  CHECK(!read_path(write_bytes("past_limit", limit + 1)));
+  CHECK(ctorchrun::worker::read_proc_file(dir.file("past_limit")).empty());
+  CHECK(!read_path(dir.path));  // read(2) on a directory fails with EISDIR
+  const auto empty = read_path(write_bytes("empty", 0));
+  REQUIRE(empty);
+  CHECK(empty->empty());
 }
