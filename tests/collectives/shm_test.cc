@@ -3,7 +3,6 @@
 // middle of a collective, jobs and groups side by side on one host, a full
 // /dev/shm, and the sweep of dead processes' segments.
 
-#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,35 +23,13 @@
 #include "store/hash_store.h"
 #include "tests/launcher/launcher_support.h"
 #include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
 
 using namespace ctorchrun::testing;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 namespace {
-
-// A fresh directory under /tmp, removed with everything in it at the end.
-struct SegmentDir {
-  std::string path;
-  SegmentDir() {
-    char name[] = "/tmp/ctdist-test-XXXXXX";
-    path = ::mkdtemp(name) != nullptr ? name : "";
-  }
-  ~SegmentDir() {
-    if (!path.empty()) std::system(("rm -rf '" + path + "'").c_str());
-  }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (const dirent* e = ::readdir(d)) {
-        const std::string n = e->d_name;
-        if (n != "." && n != "..") names.push_back(n);
-      }
-      ::closedir(d);
-    }
-    return names;
-  }
-};
 
 std::string pid_namespace() {
   char link[64] = {};
@@ -117,8 +94,7 @@ struct PeerFailure {
 
 PeerFailure peer_failure(const std::string& how, int timeout_ms, size_t count = size_t{1} << 20,
                          const std::map<std::string, std::string>& extra_env = {}) {
-  SegmentDir dir;
-  REQUIRE(!dir.path.empty());
+  TempDir dir("shm");
   Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
   const int port = wait_for_listening_port(store, seconds(10));
   REQUIRE(port > 0);
@@ -266,8 +242,7 @@ TEST_CASE("shm single copy: CTORCHRUN_DIST_SHM_CMA must be 0 or 1", "[unit]") {
 
 TEST_CASE("shm isolation: two jobs with one run id and two groups of one job share no segment",
           "[multiproc]") {
-  SegmentDir dir;
-  REQUIRE(!dir.path.empty());
+  TempDir dir("shm");
   std::vector<std::unique_ptr<Process>> jobs;
   for (int j = 0; j < 2; ++j) {
     auto args = launch_args(2, {"loop", "3000"});
@@ -331,8 +306,7 @@ TEST_CASE("shm fallback: a small /dev/shm takes smaller chunks and stays on shar
 }
 
 TEST_CASE("shm sweep: segments of dead creators are removed and live ones kept", "[unit]") {
-  SegmentDir dir;
-  REQUIRE(!dir.path.empty());
+  TempDir dir("shm");
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   REQUIRE(child > 0);

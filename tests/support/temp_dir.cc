@@ -36,6 +36,15 @@ std::string make_dir(const std::string& tag, TempDir::Access access) {
 
 TempDir::TempDir(const std::string& tag, Access access) : path(make_dir(tag, access)) {}
 
+std::vector<std::string> TempDir::entries() const {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    names.push_back(entry.path().filename().string());
+  }
+  return names;
+}
+
 TempDir::~TempDir() {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);

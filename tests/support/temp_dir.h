@@ -4,6 +4,7 @@
 // destructor, so that a test (passing or failing) leaves nothing behind.
 
 #include <string>
+#include <vector>
 
 namespace ctorchrun::testing {
 
@@ -31,6 +32,10 @@ class TempDir {
 
   // The path of `name` (a file or a relative path) inside the directory.
   std::string file(const std::string& name) const { return path + "/" + name; }
+
+  // The names of what the directory holds now ("." and ".." left out), in
+  // no particular order.
+  std::vector<std::string> entries() const;
 
   // The directory's absolute path. A member rather than an accessor: the
   // tests spell it `dir.path` (tests/collectives among them).
