@@ -49,6 +49,28 @@ const char* to_string(OpType type) {
   return "unknown";
 }
 
+std::chrono::steady_clock::time_point deadline_of(const Op& op) {
+  return op.deadline != std::chrono::steady_clock::time_point{}
+             ? op.deadline
+             : std::chrono::steady_clock::now() + op.timeout;
+}
+
+std::string describe(const Op& op, const std::string& transport, int rank, int size) {
+  std::string text = std::string(to_string(op.type));
+  const Buffer& b = op.type == OpType::kSend || op.type == OpType::kAllGather ||
+                            op.type == OpType::kGather || op.type == OpType::kAllToAll ||
+                            op.type == OpType::kScatter || op.type == OpType::kReduceScatter
+                        ? op.input
+                        : op.output;
+  if (op.type != OpType::kBarrier) {
+    text += " of " + std::to_string(b.count) + " " + to_string(b.dtype);
+  }
+  text += " on " + transport + " rank " + std::to_string(rank) + "/" + std::to_string(size);
+  if (op.type == OpType::kSend) text += " to rank " + std::to_string(op.peer);
+  if (op.type == OpType::kRecv) text += " from rank " + std::to_string(op.peer);
+  return text;
+}
+
 void register_backend(const std::string& name, BackendFactory factory) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -55,7 +55,15 @@ struct Op {
   int peer = 0;  // root, or the destination / source of send and recv
   int tag = 0;   // send and recv only
   std::chrono::milliseconds timeout{0};
+  // Unset (the epoch), the op must finish within `timeout` of when it starts
+  // to run. Set, it must finish by then, however late it starts, and
+  // `timeout` is only what its errors report: a composite op (the
+  // hierarchical path) queues its steps with its own deadline.
+  std::chrono::steady_clock::time_point deadline{};
 };
+
+// When `op`, starting to run now, must be done.
+std::chrono::steady_clock::time_point deadline_of(const Op& op);
 
 // What a backend is built from. `store` is already prefixed for this group
 // (and attempt), so the backend may use any key names.
@@ -95,6 +103,11 @@ class Backend {
   // matched by (peer, tag) and do not wait behind queued collectives.
   virtual WorkHandle run(const Op& op, bool async) = 0;
 };
+
+// How errors and Work name `op`: "all_reduce of 1024 float32 on shm rank
+// 1/4" (`transport` is "gloo", "shm", "hier", ...), with the peer for send
+// and recv.
+std::string describe(const Op& op, const std::string& transport, int rank, int size);
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
 

@@ -143,22 +143,6 @@ struct Blob {
   unsigned char bytes[N];
 };
 
-std::string describe(const Op& op, int rank, int size) {
-  std::string text = std::string(to_string(op.type));
-  const Buffer& b = op.type == OpType::kSend || op.type == OpType::kAllGather ||
-                            op.type == OpType::kGather || op.type == OpType::kAllToAll ||
-                            op.type == OpType::kScatter || op.type == OpType::kReduceScatter
-                        ? op.input
-                        : op.output;
-  if (op.type != OpType::kBarrier) {
-    text += " of " + std::to_string(b.count) + " " + to_string(b.dtype);
-  }
-  text += " on gloo rank " + std::to_string(rank) + "/" + std::to_string(size);
-  if (op.type == OpType::kSend) text += " to rank " + std::to_string(op.peer);
-  if (op.type == OpType::kRecv) text += " from rank " + std::to_string(op.peer);
-  return text;
-}
-
 // Why this process closed the group's connections itself, if it did (a
 // dropped send or recv), so that the ops failing afterwards say so instead of
 // gloo's "Application timeout caused pair closure".
@@ -380,7 +364,7 @@ class GlooBackend : public Backend {
 
   WorkHandle run(const Op& op, bool async) override {
     if (op.type == OpType::kSend || op.type == OpType::kRecv) return post_p2p(op, async);
-    return queue_.run(op, async, describe(op, rank_, size_));
+    return queue_.run(op, async, describe(op, "gloo", rank_, size_));
   }
 
  private:
@@ -388,12 +372,17 @@ class GlooBackend : public Backend {
   // (gloo/types.h), send and recv slots below 2^32.
   static constexpr uint8_t kSignatureSlotPrefix = 0x63;
 
-  void execute(const Op& op, uint32_t tag, const PromiseWork& work) {
+  void execute(const Op& given, uint32_t tag, const PromiseWork& work) {
     if (size_ == 1) {
-      execute_alone(op);
+      execute_alone(given);
       return;
     }
-    if (check_calls_) check_same_call(op, tag, work.description());
+    // gloo counts a timeout from when each call starts: an op with a
+    // deadline of its own gets what is left of it. Errors report the op's
+    // timeout.
+    Op op = given;
+    if (given.deadline != Clock::time_point{}) op.timeout = remaining(given.deadline);
+    if (check_calls_) check_same_call(op, tag, work.description(), given.timeout);
     try {
       switch (element_size(op.type == OpType::kBarrier ? DataType::kUInt8
                            : op.input.data != nullptr  ? op.input.dtype
@@ -412,7 +401,7 @@ class GlooBackend : public Backend {
           break;
       }
     } catch (...) {
-      rethrow_translated(work.description(), op.timeout, *closed_);
+      rethrow_translated(work.description(), given.timeout, *closed_);
     }
   }
 
@@ -421,7 +410,7 @@ class GlooBackend : public Backend {
   // where gloo's ring all-gather takes size - 1); all see the same table, so
   // all throw the same ConfigError, or none does, and the group stays in
   // step either way.
-  void check_same_call(const Op& op, uint32_t tag, const std::string& what) {
+  void check_same_call(const Op& op, uint32_t tag, const std::string& what, milliseconds reported) {
     std::vector<detail::Signature> all(static_cast<size_t>(size_));
     all[static_cast<size_t>(rank_)] = detail::signature_of(op, tag);
     constexpr size_t kSize = sizeof(detail::Signature);
@@ -438,7 +427,7 @@ class GlooBackend : public Backend {
         buffer->waitSend(op.timeout);
       }
     } catch (...) {
-      rethrow_translated(what, op.timeout, *closed_);
+      rethrow_translated(what, reported, *closed_);
     }
     detail::check_same_calls(all, rank_, what);
   }
@@ -581,7 +570,7 @@ class GlooBackend : public Backend {
   WorkHandle post_p2p(const Op& op, bool async) {
     const bool is_send = op.type == OpType::kSend;
     const Buffer& b = is_send ? op.input : op.output;
-    auto description = describe(op, rank_, size_);
+    auto description = describe(op, "gloo", rank_, size_);
     auto buffer = context_->createUnboundBuffer(b.data, b.bytes());
     const auto slot = static_cast<uint64_t>(static_cast<uint32_t>(op.tag));
     try {

@@ -1,7 +1,6 @@
 #include "collectives/hier_backend.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -32,20 +31,6 @@ Buffer bytes_buffer(void* data, size_t bytes) {
   return b;
 }
 
-std::string describe(const Op& op, int rank, int size) {
-  std::string text = std::string(to_string(op.type));
-  const Buffer& b = op.type == OpType::kAllGather || op.type == OpType::kGather ||
-                            op.type == OpType::kAllToAll || op.type == OpType::kScatter ||
-                            op.type == OpType::kReduceScatter
-                        ? op.input
-                        : op.output;
-  if (op.type != OpType::kBarrier) {
-    text += " of " + std::to_string(b.count) + " " + to_string(b.dtype);
-  }
-  text += " on hier rank " + std::to_string(rank) + "/" + std::to_string(size);
-  return text;
-}
-
 // Where the group's ranks are: hosts numbered by their lowest group rank.
 struct Layout {
   std::vector<int> host_of;             // per group rank
@@ -74,22 +59,14 @@ struct Layout {
   }
 };
 
-// An all_reduce above a piece is pipelined in pieces: the shared-memory
-// chunk, CTORCHRUN_DIST_SHM_CHUNK (64 KiB to 64 MiB), else 4 MiB.
-size_t piece_bytes() {
-  const char* text = std::getenv("CTORCHRUN_DIST_SHM_CHUNK");
-  const unsigned long long value = text == nullptr ? 0 : std::strtoull(text, nullptr, 10);
-  return value >= (64u << 10) && value <= (64u << 20) ? static_cast<size_t>(value)
-                                                      : size_t{4} << 20;
-}
-
 // The call check carries all_reduces up to this many bytes (check_call).
 constexpr size_t kCarried = 4096;
 
 class HierBackend : public Backend {
  public:
-  HierBackend(const BackendContext& context, Layout layout, std::unique_ptr<Backend> local,
-              std::unique_ptr<Backend> leaders, std::unique_ptr<Backend> gloo)
+  HierBackend(const BackendContext& context, Layout layout, size_t piece,
+              std::unique_ptr<Backend> local, std::unique_ptr<Backend> leaders,
+              std::unique_ptr<Backend> gloo)
       : rank_(context.rank),
         size_(context.size),
         check_calls_(context.check_calls),
@@ -98,7 +75,8 @@ class HierBackend : public Backend {
         local_rank_(layout_.local_index(rank_)),
         local_(std::move(local)),
         leaders_(std::move(leaders)),
-        gloo_(std::move(gloo)) {}
+        gloo_(std::move(gloo)),
+        piece_(piece) {}
 
   ~HierBackend() override { queue_.stop(); }
 
@@ -107,7 +85,7 @@ class HierBackend : public Backend {
 
   WorkHandle run(const Op& op, bool async) override {
     if (op.type == OpType::kSend || op.type == OpType::kRecv) return gloo_->run(op, async);
-    return queue_.run(op, async, describe(op, rank_, size_));
+    return queue_.run(op, async, describe(op, "hier", rank_, size_));
   }
 
  private:
@@ -127,7 +105,7 @@ class HierBackend : public Backend {
     if (!broken_.empty()) {
       throw IoError(work.description() + " cannot run: " + broken_ + hint());
     }
-    Call call{op, work.description(), Clock::now() + op.timeout};
+    Call call{op, work.description(), deadline_of(op)};
     try {
       if (check_calls_ && check_call(call, detail::signature_of(op, tag))) return;
       switch (op.type) {
@@ -153,7 +131,7 @@ class HierBackend : public Backend {
         case OpType::kScatter:
         case OpType::kAllToAll: {
           Op whole = op;
-          whole.timeout = remaining(call.deadline);
+          whole.deadline = call.deadline;
           gloo_->run(whole, false);
           return;
         }
@@ -164,30 +142,39 @@ class HierBackend : public Backend {
     } catch (const InvalidArgument&) {
       throw;  // every rank compared the same table: still in step, still usable
     } catch (const std::exception& e) {
-      if (broken_.empty()) broken_ = e.what();
-      // The peers waiting for this rank in a subgroup fail now, not at their
-      // deadline: a closed gloo group fails the other leaders, a destroyed
-      // shared-memory group the ranks of this host.
-      leaders_.reset();
-      local_.reset();
+      fail(e.what());
       throw;
     }
     CTORCHRUN_CHECK(false, "hier backend: operation routed to the wrong path");
+  }
+
+  // Makes the group unusable for `why`. The peers waiting for this rank in a
+  // subgroup fail now, not at their deadline: a closed gloo group fails the
+  // other leaders, a destroyed shared-memory group the ranks of this host.
+  // Destroying the host group also waits for the step its thread is running,
+  // so that none touches a buffer after the op has failed.
+  void fail(const std::string& why) {
+    if (broken_.empty()) broken_ = why;
+    leaders_.reset();
+    local_.reset();
   }
 
   static std::string hint() {
     return "; this group is unusable, exit so the launcher can restart the job";
   }
 
-  // Runs `op` on a subgroup within the call's deadline; its errors name the
-  // call they belong to.
+  // Runs `op` on a subgroup by the call's deadline (however long it waits
+  // in the subgroup's queue); its errors name the call they belong to, and
+  // its timeout.
   void on(std::unique_ptr<Backend>& group, const char* which, Call& call, Op op) {
-    op.timeout = remaining(call.deadline);
+    op.timeout = call.op.timeout;
+    op.deadline = call.deadline;
     finish(which, call, [&] { group->run(op, false); });
   }
   // Starts `op` on the host group, to be finished with finish().
   WorkHandle start_local(Call& call, Op op) {
-    op.timeout = remaining(call.deadline);
+    op.timeout = call.op.timeout;
+    op.deadline = call.deadline;
     return local_->run(op, true);
   }
   template <typename Fn>
@@ -251,35 +238,43 @@ class HierBackend : public Backend {
     std::vector<uint8_t> out(table_bytes + kCarried);
     uint8_t* result = out.data() + table_bytes;
     if (leader()) {
-      const auto& ranks = layout_.ranks[static_cast<size_t>(host_)];
+      // Leaders' step: [this host's signatures, in local order, padded to
+      // the fullest host | the host's partial result], so that what crosses
+      // hosts grows with the hosts, not with hosts x ranks.
+      const size_t sigs = layout_.largest * kSig;
+      std::vector<uint8_t> block(sigs + kCarried);
       bool agree = small;
       for (size_t j = 0; j < local_ranks; ++j) {
-        auto& entry = table[static_cast<size_t>(ranks[j])];
+        std::memcpy(block.data() + j * kSig, host.data() + j * kRecord, kSig);
+        detail::Signature entry;
         std::memcpy(&entry, host.data() + j * kRecord, kSig);
         agree = agree && entry == mine;
       }
       if (agree) {
-        std::memcpy(result, host.data() + kSig, bytes);
+        uint8_t* partial = block.data() + sigs;
+        std::memcpy(partial, host.data() + kSig, bytes);
         for (size_t j = 1; j < local_ranks; ++j) {
-          fn(result, result, host.data() + j * kRecord + kSig, count);
+          fn(partial, partial, host.data() + j * kRecord + kSig, count);
         }
       }
-      std::memcpy(out.data(), table.data(), table_bytes);
       const auto hosts = static_cast<size_t>(layout_.hosts());
-      std::vector<uint8_t> all(hosts * out.size());
+      std::vector<uint8_t> all(hosts * block.size());
       Op across_gather = make(OpType::kAllGather, bytes_buffer(all.data(), all.size()));
-      across_gather.input = bytes_buffer(out.data(), out.size());
+      across_gather.input = bytes_buffer(block.data(), block.size());
       across(call, across_gather);
       bool same = small;
-      for (size_t r = 0; r < table.size(); ++r) {
-        const auto h = static_cast<size_t>(layout_.host_of[r]);
-        std::memcpy(&table[r], all.data() + h * out.size() + r * kSig, kSig);
-        same = same && table[r] == mine;
+      for (size_t h = 0; h < hosts; ++h) {
+        const auto& ranks = layout_.ranks[h];
+        for (size_t j = 0; j < ranks.size(); ++j) {
+          auto& entry = table[static_cast<size_t>(ranks[j])];
+          std::memcpy(&entry, all.data() + h * block.size() + j * kSig, kSig);
+          same = same && entry == mine;
+        }
       }
       if (same) {
-        std::memcpy(result, all.data() + table_bytes, bytes);
+        std::memcpy(result, all.data() + sigs, bytes);
         for (size_t h = 1; h < hosts; ++h) {
-          fn(result, result, all.data() + h * out.size() + table_bytes, count);
+          fn(result, result, all.data() + h * block.size() + sigs, count);
         }
         if (op.reduce == ReduceOp::kAverage) {
           detail::divide_in_place(result, count, op.output.dtype, size_);
@@ -327,22 +322,29 @@ class HierBackend : public Backend {
       local(call, make(OpType::kBroadcast, data, 0));
       return;
     }
-    // On failure execute() destroys the host group, which waits for the
-    // piece in progress and fails the others: none touches `data` after.
-    std::vector<WorkHandle> reduced;
-    std::vector<WorkHandle> spread;
-    for (const Buffer& piece : pieces) {
-      reduced.push_back(start_local(call, make(OpType::kReduce, piece, 0, sum)));
-    }
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      if (leader()) {
-        finish(call, reduced[i]);
-        across_piece(pieces[i]);
+    // The host group's thread works on `data` while this one does: on
+    // failure it is destroyed before this returns (it waits for the piece in
+    // progress and fails the rest), since `data` may be the caller's scratch
+    // (reduce_scatter's) and go with it.
+    try {
+      std::vector<WorkHandle> reduced;
+      std::vector<WorkHandle> spread;
+      for (const Buffer& piece : pieces) {
+        reduced.push_back(start_local(call, make(OpType::kReduce, piece, 0, sum)));
       }
-      spread.push_back(start_local(call, make(OpType::kBroadcast, pieces[i], 0)));
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        if (leader()) {
+          finish(call, reduced[i]);
+          across_piece(pieces[i]);
+        }
+        spread.push_back(start_local(call, make(OpType::kBroadcast, pieces[i], 0)));
+      }
+      for (const auto& work : reduced) finish(call, work);
+      for (const auto& work : spread) finish(call, work);
+    } catch (const std::exception& e) {
+      fail(e.what());
+      throw;
     }
-    for (const auto& work : reduced) finish(call, work);
-    for (const auto& work : spread) finish(call, work);
   }
 
   void reduce(Call& call) {
@@ -436,8 +438,8 @@ class HierBackend : public Backend {
   std::unique_ptr<Backend> local_;    // this host's ranks
   std::unique_ptr<Backend> leaders_;  // one rank a host; null on the others
   std::unique_ptr<Backend> gloo_;     // every rank: gather, scatter, all_to_all, send, recv
-  const size_t piece_ = piece_bytes();
-  std::string broken_;  // why the group is unusable; empty while it is usable
+  const size_t piece_;                // an all_reduce above it goes in pieces of it
+  std::string broken_;                // why the group is unusable; empty while it is usable
   // Last: its thread runs execute(), which uses everything above.
   OpQueue queue_{
       [this](const Op& op, uint32_t tag, const PromiseWork& work) { execute(op, tag, work); }};
@@ -446,7 +448,7 @@ class HierBackend : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> create_hier_backend(const BackendContext& context,
-                                             const std::vector<std::string>& hosts,
+                                             const std::vector<std::string>& hosts, size_t piece,
                                              Clock::time_point deadline) {
   Layout layout(hosts);
   if (layout.hosts() < 2 || layout.largest < 2) return nullptr;
@@ -481,7 +483,7 @@ std::unique_ptr<Backend> create_hier_backend(const BackendContext& context,
   whole.check_calls = false;
   whole.timeout = remaining(deadline);
   auto gloo = create_gloo_backend(whole);
-  return std::make_unique<HierBackend>(context, std::move(layout), std::move(local_group),
+  return std::make_unique<HierBackend>(context, std::move(layout), piece, std::move(local_group),
                                        std::move(leaders), std::move(gloo));
 }
 

@@ -59,14 +59,16 @@
 // ends.
 //
 // Results: integers, min and max are bit for bit those of a flat gloo
-// group; so is every broadcast and gather. Floating sums, products and
+// group (min and max up to which of two NaNs, or of +0 and -0, is kept);
+// so is every broadcast and gather. Floating sums, products and
 // averages are summed in another order (within each host in rank order,
 // then across hosts), so at three ranks and more they may differ from a
 // flat group's in the last bits, within the type's rounding.
 //
 // Calls (BackendContext::check_calls): before any data moves, each rank's
 // 32-byte call signature goes to all: an H all_gather of the signatures,
-// an L all_gather of the hosts' tables, an H broadcast of the whole table
+// an L all_gather of each host's signatures (padded to the fullest host),
+// an H broadcast of the whole table
 // (three small steps, each of a fixed shape whatever the call). Every rank
 // then compares the same table, so a call that differs between any two
 // ranks, on one host or on two, is the same InvalidArgument on every rank,
@@ -102,12 +104,14 @@
 namespace ctorchrun::dist {
 
 // The HierBackend of `context`'s group, given every rank's host identity (in
-// group-rank order, as create_host_backend exchanged them); null when no
-// host has two ranks or all ranks are on one host. Set-up ends by
-// `deadline` or throws TimeoutError; otherwise it throws as
-// create_gloo_backend and create_host_backend do.
+// group-rank order, as create_host_backend exchanged them) and the piece a
+// large all_reduce is cut in (bytes; the same on every rank, rank 0's
+// CTORCHRUN_DIST_SHM_CHUNK or 4 MiB); null when no host has two ranks or
+// all ranks are on one host. Set-up ends by `deadline` or throws
+// TimeoutError; otherwise it throws as create_gloo_backend and
+// create_host_backend do.
 std::unique_ptr<Backend> create_hier_backend(const BackendContext& context,
-                                             const std::vector<std::string>& hosts,
+                                             const std::vector<std::string>& hosts, size_t piece,
                                              std::chrono::steady_clock::time_point deadline);
 
 }  // namespace ctorchrun::dist

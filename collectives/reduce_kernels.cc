@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/error.h"
 
@@ -20,16 +21,28 @@ struct Product {
     return static_cast<T>(a * b);
   }
 };
+// Min and max pass a NaN on, as torch's minimum and maximum do, from
+// either side: std::min(a, b) keeps a NaN only as its first argument, so
+// paths that combine ranks in different orders (gloo's ring, the
+// shared-memory ones) would disagree on whether a NaN survives.
 struct Min {
   template <typename T>
   static T apply(T a, T b) {
-    return std::min(a, b);
+    if constexpr (std::is_floating_point_v<T>) {
+      return (a < b || a != a) ? a : b;
+    } else {
+      return std::min(a, b);
+    }
   }
 };
 struct Max {
   template <typename T>
   static T apply(T a, T b) {
-    return std::max(a, b);
+    if constexpr (std::is_floating_point_v<T>) {
+      return (a > b || a != a) ? a : b;
+    } else {
+      return std::max(a, b);
+    }
   }
 };
 

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -58,15 +59,11 @@ std::string env_text(const char* name) {
   return value == nullptr ? std::string() : std::string(value);
 }
 
-// Bytes of one rank's buffer (two per rank): CTORCHRUN_DIST_SHM_CHUNK, else
-// 4 MiB, less when `ranks` would make the segment larger than 32 MiB. Fewer,
-// larger chunks mean fewer barriers, which cost most on a loaded host.
-size_t chunk_bytes(int ranks) {
+// CTORCHRUN_DIST_SHM_CHUNK in whole pages, when set; ConfigError when it is
+// not a byte count from 64 KiB to 64 MiB.
+std::optional<size_t> chunk_setting() {
   const std::string text = env_text("CTORCHRUN_DIST_SHM_CHUNK");
-  if (text.empty()) {
-    const size_t fit = kDefaultSegment / (2 * static_cast<size_t>(ranks)) / kPage * kPage;
-    return std::max(kMinChunk, std::min(kDefaultChunk, fit));
-  }
+  if (text.empty()) return std::nullopt;
   size_t used = 0;
   unsigned long long value = 0;
   try {
@@ -79,6 +76,52 @@ size_t chunk_bytes(int ranks) {
                       "' must be a byte count from 65536 to 67108864");
   }
   return static_cast<size_t>(value) / kPage * kPage;
+}
+
+// Bytes of one rank's buffer (two per rank): CTORCHRUN_DIST_SHM_CHUNK, else
+// 4 MiB, less when `ranks` would make the segment larger than 32 MiB. Fewer,
+// larger chunks mean fewer barriers, which cost most on a loaded host.
+size_t chunk_bytes(int ranks) {
+  if (auto set = chunk_setting()) return *set;
+  const size_t fit = kDefaultSegment / (2 * static_cast<size_t>(ranks)) / kPage * kPage;
+  return std::max(kMinChunk, std::min(kDefaultChunk, fit));
+}
+
+// What a rank tells its group at set-up, one line and its cma_probe():
+// "<1|0> <piece> <identity>\n<probe>". Parsed totally: a malformed view
+// reads as a rank that wants no shared memory (every rank parses the same
+// views, so all decide alike).
+struct HostView {
+  bool shm = false;      // this rank wants shared memory
+  size_t piece = 0;      // its hierarchical all_reduce piece (rank 0's holds)
+  std::string identity;  // its host_identity()
+  std::string probe = "nocma malformed set-up record";
+};
+
+std::string format_view(bool shm, size_t piece, const std::string& identity,
+                        const std::string& probe) {
+  return std::string(shm ? "1 " : "0 ") + std::to_string(piece) + " " + identity + "\n" + probe;
+}
+
+HostView parse_view(const std::string& text) {
+  HostView view;
+  const size_t end = text.find('\n');
+  const std::string line = text.substr(0, end);
+  const size_t space = line.find(' ', 2);
+  if (line.size() < 2 || (line[0] != '0' && line[0] != '1') || line[1] != ' ' ||
+      space == std::string::npos) {
+    return view;
+  }
+  const std::string digits = line.substr(2, space - 2);
+  if (digits.empty() || digits.size() > 12 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return view;
+  }
+  view.shm = line[0] == '1';
+  view.piece = static_cast<size_t>(std::stoull(digits));
+  view.identity = line.substr(space + 1);
+  if (end != std::string::npos) view.probe = text.substr(end + 1);
+  return view;
 }
 
 // How long a waiting rank spins (and yields) before it sleeps on the futex:
@@ -354,15 +397,18 @@ std::unique_ptr<Mapping> map_segment(const std::string& dir, const std::string& 
   return mapping;
 }
 
-// Logs `why` once per process: a fallback is a property of the machine.
+// Logs `message` the first time `logged` is passed: what it reports is a
+// property of the machine, not of one group.
+void log_once(std::atomic<bool>& logged, spdlog::level::level_enum level,
+              const std::string& message) {
+  if (!logged.exchange(true)) get_logger("coll")->log(level, "{} (logged once)", message);
+}
+
 void warn_fallback_once(const std::string& why) {
   static std::atomic<bool> logged{false};
-  if (!logged.exchange(true)) {
-    get_logger("coll")->warn(
-        "shared-memory collectives unavailable, this process uses gloo over TCP instead "
-        "(logged once): {}",
-        why);
-  }
+  log_once(
+      logged, spdlog::level::warn,
+      "shared-memory collectives unavailable, this process uses gloo over TCP instead: " + why);
 }
 
 std::vector<std::string> exchange(store::Store& store, const std::string& key, int rank, int size,
@@ -422,12 +468,10 @@ std::string cma_check(const std::vector<std::string>& probes, int rank) {
 // segment only; the segment path works, so it is no warning.
 void info_no_cma_once(const std::string& why) {
   static std::atomic<bool> logged{false};
-  if (!logged.exchange(true)) {
-    get_logger("coll")->info(
-        "single-copy shared-memory all_reduce (cross-memory attach) unavailable, large "
-        "all_reduce copies through the segment instead (logged once): {}",
-        why);
-  }
+  log_once(logged, spdlog::level::info,
+           "single-copy shared-memory all_reduce (cross-memory attach) unavailable, large "
+           "all_reduce copies through the segment instead: " +
+               why);
 }
 
 // Makes, maps and unlinks the group's segment (see the header). Returns
@@ -538,20 +582,6 @@ std::unique_ptr<Mapping> set_up_segment(const BackendContext& context, const std
   return mapping;
 }
 
-std::string describe(const Op& op, int rank, int size) {
-  std::string text = std::string(to_string(op.type));
-  const Buffer& b = op.type == OpType::kAllGather || op.type == OpType::kGather ||
-                            op.type == OpType::kAllToAll || op.type == OpType::kScatter ||
-                            op.type == OpType::kReduceScatter
-                        ? op.input
-                        : op.output;
-  if (op.type != OpType::kBarrier) {
-    text += " of " + std::to_string(b.count) + " " + to_string(b.dtype);
-  }
-  text += " on shm rank " + std::to_string(rank) + "/" + std::to_string(size);
-  return text;
-}
-
 class ShmBackend : public Backend {
  public:
   ShmBackend(const BackendContext& context, std::unique_ptr<Mapping> mapping,
@@ -587,7 +617,7 @@ class ShmBackend : public Backend {
 
   WorkHandle run(const Op& op, bool async) override {
     if (op.type == OpType::kSend || op.type == OpType::kRecv) return gloo_->run(op, async);
-    return queue_.run(op, async, describe(op, rank_, size_));
+    return queue_.run(op, async, describe(op, "shm", rank_, size_));
   }
 
  private:
@@ -605,7 +635,7 @@ class ShmBackend : public Backend {
       throw IoError(work.description() + " cannot run: " + broken_ +
                     "; this group is unusable, exit so the launcher can restart the job");
     }
-    Call call{op, work.description(), detail::signature_of(op, tag), Clock::now() + op.timeout};
+    Call call{op, work.description(), detail::signature_of(op, tag), deadline_of(op)};
     try {
       switch (op.type) {
         case OpType::kAllReduce:
@@ -626,7 +656,11 @@ class ShmBackend : public Backend {
         case OpType::kScatter:
         case OpType::kAllToAll:
           step(call, [](int) {});
-          if (op.type != OpType::kBarrier) gloo_->run(op, false);
+          if (op.type != OpType::kBarrier) {
+            Op rest = op;
+            rest.deadline = call.deadline;  // one deadline for both steps
+            gloo_->run(rest, false);
+          }
           return;
         case OpType::kSend:
         case OpType::kRecv:
@@ -634,7 +668,8 @@ class ShmBackend : public Backend {
       }
     } catch (const InvalidArgument&) {
       throw;  // every rank saw the same calls: still in step, still usable
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
+      // Not only ours: a failed allocation leaves the peers out of step too.
       if (broken_.empty()) broken_ = e.what();
       fail_group();
       throw;
@@ -1129,19 +1164,20 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   const auto deadline = Clock::now() + context.timeout;
   const std::string dir = shm_dir();
   const std::string identity = host_identity(dir);
-  // "<1|0> <identity>\n<cma probe>" of every rank.
-  const auto views = exchange(
-      *context.store, "shm/host", context.rank, context.size,
-      std::string(context.shm ? "1 " : "0 ") + identity + "\n" + cma_probe(cma_wanted), deadline);
+  const size_t piece = chunk_setting().value_or(kDefaultChunk);
+  std::vector<HostView> views;
+  for (const auto& text :
+       exchange(*context.store, "shm/host", context.rank, context.size,
+                format_view(context.shm, piece, identity, cma_probe(cma_wanted)), deadline)) {
+    views.push_back(parse_view(text));
+  }
   bool wanted = true;
   bool one_host = true;
   std::vector<std::string> probes;
   for (const auto& view : views) {
-    const size_t end = view.find('\n');
-    const std::string v = view.substr(0, end);
-    probes.push_back(end == std::string::npos ? "nocma" : view.substr(end + 1));
-    wanted = wanted && v.rfind("1 ", 0) == 0;
-    one_host = one_host && v.size() >= 2 && v.substr(2) == identity;
+    probes.push_back(view.probe);
+    wanted = wanted && view.shm && view.piece > 0;
+    one_host = one_host && view.identity == identity;
   }
   std::unique_ptr<Mapping> mapping;
   if (wanted && one_host) {
@@ -1151,9 +1187,10 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   } else if (wanted) {
     // Several hosts: shared memory within each, gloo between them
     // (collectives/hier_backend.h), unless every host has one rank.
+    // Every rank cuts a large all_reduce in rank 0's pieces.
     std::vector<std::string> hosts;
-    for (const auto& v : views) hosts.push_back(v.substr(std::min<size_t>(2, v.size())));
-    if (auto hier = create_hier_backend(context, hosts, deadline)) return hier;
+    for (const auto& v : views) hosts.push_back(v.identity);
+    if (auto hier = create_hier_backend(context, hosts, views[0].piece, deadline)) return hier;
   }
   BackendContext rest = context;
   rest.timeout =

@@ -77,10 +77,11 @@
 // its share of the chunk, in rank order, then copies the others' shares).
 // Reductions are reduce_kernels' loops, each element in rank order on
 // every path, so the paths agree bit for bit. The results equal gloo's bit
-// for bit for integers, min and max at any size, and for every type at two
-// ranks (a + b == b + a); at three ranks and more, floating sums and
-// products are summed in rank order where gloo's ring starts elsewhere, so
-// they may differ in the last bits.
+// for bit for integers, min and max at any size (min and max pass a NaN on
+// from either side; which of two NaNs, or of +0 and -0, is kept follows the
+// order), and for every type at two ranks (a + b == b + a); at three ranks
+// and more, floating sums and products are summed in rank order where
+// gloo's ring starts elsewhere, so they may differ in the last bits.
 //
 // Synchronisation: a barrier is a counter per rank (its own cache line);
 // waiting spins briefly, yields, then sleeps on a futex in slices while it

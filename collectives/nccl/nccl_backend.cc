@@ -442,7 +442,7 @@ class NcclBackend : public Backend {
       check_cuda(api_.event_record(ready_, cudaStreamLegacy), what + ": cudaEventRecord");
       check_cuda(api_.stream_wait_event(stream_, ready_), what + ": cudaStreamWaitEvent");
     }
-    const auto abort_at = Clock::now() + op.timeout;
+    const auto abort_at = deadline_of(op);
     // Under the communicator's lock: an abort waits until the op is enqueued
     // (ncclGroupEnd launches it), and an aborted communicator is not entered.
     const ncclResult_t result = comm_->use(what, [&](ncclComm_t comm) {

@@ -7,8 +7,9 @@
 //     world group and on subgroups; inputs are small integers, results are
 //     compared bit for bit. Prints "matrix: N checks passed" (exit 0) or each
 //     failure (exit 1).
-//   dist_test_worker peer-death VICTIM kill|kill-late|stop TIMEOUT_MS [COUNT]
-//     all ranks all-reduce 4 MiB in a loop (COUNT float32 when given); on the third round rank
+//   dist_test_worker peer-death VICTIM kill|kill-late|stop TIMEOUT_MS [COUNT [OP]]
+//     all ranks all-reduce 4 MiB in a loop (COUNT float32 when given; OP
+//     reduce_scatter: reduce-scatter COUNT float32 instead); on the third round rank
 //     VICTIM starts the all-reduce and then SIGKILLs (kill-late: 5 ms later) or SIGSTOPs itself.
 //     Each rank prints "transport T" first; the others print "survivor R failed after MS ms: TYPE:
 //     WHAT" (TYPE: IoError, TimeoutError, other) and exit 7; each prints "single-copy calls N"
@@ -36,8 +37,9 @@
 //     cross-memory attach (shm_cma_calls) on each group against the calls
 //     within its sizes. Prints "cma: rank R of W: N checks, C single-copy
 //     calls" (exit 0) or each failure (exit 1).
-//   dist_test_worker loop ROUNDS
+//   dist_test_worker loop ROUNDS [COUNT]
 //     prints "transport T" (the world group's), then all-reduces ROUNDS times
+//     COUNT float32 (default 3000; timeout 20 s)
 //     on the world group and on a second group of the same ranks in turn,
 //     each round's values its own, checked; prints "loop: rank R ok" (exit 0).
 //   dist_test_worker mismatch KIND TIMEOUT_MS
@@ -403,17 +405,22 @@ const char* error_type(const std::exception& e) {
   return "other";
 }
 
-int peer_death(int victim, const std::string& how, int timeout_ms, size_t count) {
+int peer_death(int victim, const std::string& how, int timeout_ms, size_t count,
+               const std::string& op) {
   dist::InitOptions options;
   options.timeout = std::chrono::milliseconds(timeout_ms);
   auto pg = dist::init_process_group(options);
   std::cout << "transport " << pg->transport() << std::endl;
   std::vector<float> data(count, 1.0f);
+  std::vector<float> share(count / static_cast<size_t>(pg->size()));
   for (int round = 0;; ++round) {
     if (round == 2) std::cout << "single-copy calls " << dist::shm_cma_calls() << std::endl;
     const auto start = std::chrono::steady_clock::now();
     try {
-      auto work = pg->all_reduce_async(dist::make_buffer(data.data(), data.size()));
+      auto work = op == "reduce_scatter"
+                      ? pg->reduce_scatter_async(dist::make_buffer(data.data(), data.size()),
+                                                 dist::make_buffer(share.data(), share.size()))
+                      : pg->all_reduce_async(dist::make_buffer(data.data(), data.size()));
       if (round == 2 && pg->rank() == victim) {
         std::cout << "victim " << victim << " " << how << "s itself" << std::endl;
         // kill-late: once the op (on the group's thread) is under way.
@@ -747,8 +754,10 @@ int cma() {
   return 0;
 }
 
-int loop(int rounds) {
-  auto pg = dist::init_process_group();
+int loop(int rounds, size_t count) {
+  dist::InitOptions options;
+  options.timeout = std::chrono::milliseconds(20000);
+  auto pg = dist::init_process_group(options);
   std::vector<int> all;
   for (int r = 0; r < pg->size(); ++r) all.push_back(r);
   auto second = pg->new_group(all);
@@ -756,7 +765,7 @@ int loop(int rounds) {
   const auto world = static_cast<float>(pg->size());
   for (int round = 0; round < rounds; ++round) {
     dist::ProcessGroup& g = round % 2 == 0 ? *pg : *second;
-    std::vector<float> data(3000, static_cast<float>(round + pg->rank()));
+    std::vector<float> data(count, static_cast<float>(round + pg->rank()));
     g.all_reduce(dist::make_buffer(data.data(), data.size()));
     const float want = world * static_cast<float>(round) + world * (world - 1) / 2;
     for (float x : data) {
@@ -887,21 +896,25 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "matrix") return matrix();
-    if (mode == "peer-death" && (argc == 5 || argc == 6)) {
-      const size_t count = argc == 6 ? std::strtoull(argv[5], nullptr, 10) : size_t{1} << 20;
-      return peer_death(std::atoi(argv[2]), argv[3], std::atoi(argv[4]), count);
+    if (mode == "peer-death" && argc >= 5 && argc <= 7) {
+      const size_t count = argc >= 6 ? std::strtoull(argv[5], nullptr, 10) : size_t{1} << 20;
+      return peer_death(std::atoi(argv[2]), argv[3], std::atoi(argv[4]), count,
+                        argc == 7 ? argv[6] : "all_reduce");
     }
     if (mode == "cma") return cma();
     if (mode == "mismatch" && argc == 4) return mismatch(argv[2], std::atoi(argv[3]));
     if (mode == "versus" && argc <= 3) return versus(argc == 3 ? argv[2] : "shm");
     if (mode == "async-order") return async_order();
-    if (mode == "loop" && argc == 3) return loop(std::atoi(argv[2]));
+    if (mode == "loop" && (argc == 3 || argc == 4)) {
+      return loop(std::atoi(argv[2]), argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 3000);
+    }
   } catch (const std::exception& e) {
     std::cerr << "dist_test_worker: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: dist_test_worker matrix | versus [TRANSPORT] | cma | async-order | "
-               "loop ROUNDS | peer-death VICTIM kill|kill-late|stop TIMEOUT_MS [COUNT] | "
-               "mismatch count|dtype|op|large|upper|straddle TIMEOUT_MS\n";
+  std::cerr
+      << "usage: dist_test_worker matrix | versus [TRANSPORT] | cma | async-order | "
+         "loop ROUNDS [COUNT] | peer-death VICTIM kill|kill-late|stop TIMEOUT_MS [COUNT [OP]] | "
+         "mismatch count|dtype|op|large|upper|straddle TIMEOUT_MS\n";
   return 2;
 }

@@ -6,7 +6,6 @@
 // on the other host, calls that differ across hosts, async order, and when
 // the path is (not) taken.
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -20,49 +19,28 @@
 
 #include "tests/launcher/launcher_support.h"
 #include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
 
 using namespace ctorchrun::testing;
 using std::chrono::seconds;
 
 namespace {
 
-// A fresh directory under /tmp, removed with everything in it at the end.
-struct SegmentDir {
-  std::string path;
-  SegmentDir() {
-    char name[] = "/tmp/ctdist-hier-XXXXXX";
-    path = ::mkdtemp(name) != nullptr ? name : "";
-  }
-  ~SegmentDir() {
-    if (!path.empty()) std::system(("rm -rf '" + path + "'").c_str());
-  }
-  bool empty() const {
-    int n = 0;
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (const dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
-        if (name != "." && name != "..") ++n;
-      }
-      ::closedir(d);
-    }
-    return n == 0;
-  }
-};
-
 // dist_test_worker processes against a ctorch-store, rank r on "host"
 // host_of[r] (a segment directory per host).
 struct Job {
-  std::vector<std::unique_ptr<SegmentDir>> hosts;
+  std::vector<std::unique_ptr<TempDir>> hosts;
   std::unique_ptr<Process> store;
   std::vector<std::unique_ptr<Process>> ranks;
 
+  // `env` for every rank, then `rank_env[r]` for rank r where given.
   Job(const std::vector<int>& host_of, const std::vector<std::string>& args,
-      const std::map<std::string, std::string>& env = {}) {
+      const std::map<std::string, std::string>& env = {},
+      const std::vector<std::map<std::string, std::string>>& rank_env = {}) {
     int count = 0;
     for (int h : host_of) count = std::max(count, h + 1);
     for (int h = 0; h < count; ++h) {
-      hosts.push_back(std::make_unique<SegmentDir>());
-      REQUIRE(!hosts.back()->path.empty());
+      hosts.push_back(std::make_unique<TempDir>("hier"));
     }
     store = std::make_unique<Process>(
         std::vector<std::string>{CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
@@ -82,13 +60,16 @@ struct Job {
           {"TORCHELASTIC_RESTART_COUNT", "0"},
           {"CTORCHRUN_DIST_SHM_DIR", hosts[static_cast<size_t>(host_of[r])]->path}};
       for (const auto& [k, v] : env) e[k] = v;
+      if (r < rank_env.size()) {
+        for (const auto& [k, v] : rank_env[r]) e[k] = v;
+      }
       ranks.push_back(std::make_unique<Process>(argv, e, true));
     }
   }
 
   bool no_segments_left() const {
     for (const auto& h : hosts) {
-      if (!h->empty()) return false;
+      if (!h->entries().empty()) return false;
     }
     return true;
   }
@@ -112,11 +93,14 @@ void versus(const std::vector<int>& host_of) {
   CHECK(job.no_segments_left());
 }
 
-// Rank `victim` kills or freezes itself in the third 4 MiB all-reduce of
-// four ranks on two hosts ({0,1} and {2,3}), which goes in four pipelined
-// pieces of 1 MiB; returns the others' outputs.
-std::vector<std::string> peer_failure(int victim, const std::string& how, int timeout_ms) {
-  Job job({0, 0, 1, 1}, {"peer-death", std::to_string(victim), how, std::to_string(timeout_ms)},
+// Rank `victim` kills or freezes itself in the third 4 MiB all-reduce (or
+// reduce-scatter: `op`) of four ranks on two hosts ({0,1} and {2,3}), which
+// goes in four pipelined pieces of 1 MiB; returns the others' outputs.
+std::vector<std::string> peer_failure(int victim, const std::string& how, int timeout_ms,
+                                      const std::string& op = "all_reduce") {
+  Job job({0, 0, 1, 1},
+          {"peer-death", std::to_string(victim), how, std::to_string(timeout_ms),
+           std::to_string(1 << 20), op},
           {{"CTORCHRUN_DIST_SHM_CHUNK", "1048576"}});
   std::vector<std::string> survivors;
   for (int r = 0; r < 4; ++r) {
@@ -133,16 +117,16 @@ std::vector<std::string> peer_failure(int victim, const std::string& how, int ti
 
 const std::regex kFailed("survivor (\\d) failed after (\\d+) ms: (\\w+): (.*)");
 
-void killed(int victim, const std::string& how) {
+void killed(int victim, const std::string& how, const std::string& op = "all_reduce") {
   // The group timeout is long: the survivors must not need it.
-  for (const auto& out : peer_failure(victim, how, 60000)) {
+  for (const auto& out : peer_failure(victim, how, 60000, op)) {
     INFO(out);
     CHECK_THAT(out, Catch::Contains("transport hier"));
     std::smatch m;
     REQUIRE(std::regex_search(out, m, kFailed));
     CHECK(m[3].str() == "IoError");
     CHECK(std::stol(m[2]) <= 2000);
-    CHECK_THAT(m[4].str(), Catch::Contains("all_reduce of 1048576 float32"));
+    CHECK_THAT(m[4].str(), Catch::Contains(op + " of 1048576 float32"));
   }
 }
 
@@ -166,8 +150,10 @@ void mismatch(const std::vector<int>& host_of, const std::string& kind, const st
 
 // The world group's and a second group's transport (dist_test_worker loop).
 void transports(const std::vector<int>& host_of, const std::string& want,
-                const std::map<std::string, std::string>& env = {}) {
-  Job job(host_of, {"loop", "6"}, env);
+                const std::map<std::string, std::string>& env = {},
+                const std::vector<std::map<std::string, std::string>>& rank_env = {},
+                const std::string& count = "3000") {
+  Job job(host_of, {"loop", "6", count}, env, rank_env);
   for (size_t r = 0; r < host_of.size(); ++r) {
     const std::string out = job.ranks[r]->read_all(seconds(60));
     INFO("rank " << r << ": " << out);
@@ -203,6 +189,17 @@ TEST_CASE("hier path: taken when a host has two ranks and not with one rank a ho
   transports({0, 0, 1, 1}, "gloo", {{"CTORCHRUN_DIST_SHM", "0"}});
 }
 
+// Each rank reads CTORCHRUN_DIST_SHM_CHUNK itself; were the piece each
+// rank's own, the leaders' all_reduce of a piece would differ in count
+// between hosts (19 pieces of 64 KiB against 2 of 1 MiB here).
+TEST_CASE("hier pieces: hosts given different chunk sizes cut a large all_reduce alike",
+          "[multiproc]") {
+  const std::map<std::string, std::string> small = {{"CTORCHRUN_DIST_SHM_CHUNK", "65536"}};
+  const std::map<std::string, std::string> large = {{"CTORCHRUN_DIST_SHM_CHUNK", "1048576"}};
+  transports({0, 0, 1, 1}, "hier", {}, {small, small, large, large}, "300000");
+  transports({0, 0, 1, 1}, "hier", {}, {large, large, small, small}, "300000");
+}
+
 TEST_CASE(
     "hier peers: a rank SIGKILLed mid-all_reduce on the other host fails every survivor "
     "with IoError within two seconds",
@@ -217,6 +214,18 @@ TEST_CASE(
     "[multiproc]") {
   killed(2, "kill");
   killed(2, "kill-late");
+}
+
+// A reduce-scatter all-reduces a scratch copy in pipelined pieces, which the
+// host group's thread works on while the leaders' step fails: the scratch
+// must outlive that thread's last touch (under ASan a use after free here
+// fails the survivor).
+TEST_CASE(
+    "hier peers: a rank SIGKILLed mid-reduce_scatter fails every survivor with IoError and no "
+    "crash",
+    "[multiproc]") {
+  killed(3, "kill-late", "reduce_scatter");
+  killed(2, "kill-late", "reduce_scatter");
 }
 
 TEST_CASE("hier peers: a rank frozen mid-all_reduce makes the others time out at the deadline",
