@@ -28,11 +28,14 @@
 //   dist_test_worker cma
 //     four groups of the same ranks: shared memory with the single-copy path
 //     (cross-memory attach) at its default sizes, the same from one byte to
-//     1 MiB (CTORCHRUN_DIST_SHM_CMA_MIN=1, _MAX=1048576; larger calls take
-//     the segment), shared memory without it (CTORCHRUN_DIST_SHM_CMA=0) and
+//     just below the default threshold (CTORCHRUN_DIST_SHM_CMA_MIN=1,
+//     _MAX=4194303), shared memory without it (CTORCHRUN_DIST_SHM_CMA=0) and
 //     gloo alone; all_reduce and reduce of every data type x reduce op at
-//     sizes on both sides of the default threshold (odd counts, counts below
-//     the world size), compared: the shared-memory groups bit for bit among
+//     sizes up to several single-copy pieces a rank (odd counts, counts below
+//     the world size), and sums on both sides of the default threshold
+//     (4 MiB: one type of each width at two ranks, where the default takes
+//     the single copy; float32 alone above, where it does not), compared:
+//     the shared-memory groups bit for bit among
 //     themselves, with gloo as `versus` does. Counts the calls that went by
 //     cross-memory attach (shm_cma_calls) on each group against the calls
 //     within its sizes. Prints "cma: rank R of W: N checks, C single-copy
@@ -663,7 +666,7 @@ int cma() {
     return 1;
   }
   auto big = group_with(true, "", "", "");
-  auto small = group_with(true, "", "1", "1048576");
+  auto small = group_with(true, "", "1", "4194303");
   auto copy = group_with(true, "0", "", "");
   auto gloo = group_with(false, "", "", "");
   const int rank = big->rank();
@@ -693,16 +696,24 @@ int cma() {
     const size_t es = dist::element_size(t);
     const size_t at = dist::kShmCmaBytes / es;
     // Counts below the world size, odd ones (not divisible by 2, 4 and, for
-    // most, 3), several of reduce_by_cma's 256 KiB pieces per rank, and,
-    // for one type of each width, below, at and above the default threshold.
+    // most, 3), several of reduce_by_cma's 256 KiB pieces per rank (the
+    // small group's single copy), then the threshold: the big group's
+    // choice, which the reduction does not change, so sums alone (4 MiB
+    // calls of four groups are most of this mode's time, under a sanitizer
+    // minutes).
     std::vector<size_t> sizes = {1, 3, 7, 1001, (world * (600u << 10) + 333) / es};
-    if (t == DataType::kFloat32 || t == DataType::kBFloat16 || t == DataType::kInt64 ||
-        t == DataType::kUInt8) {
+    const size_t threshold_from = sizes.size();
+    if (world <= dist::kShmCmaRanks && (t == DataType::kFloat32 || t == DataType::kBFloat16 ||
+                                        t == DataType::kInt64 || t == DataType::kUInt8)) {
       sizes.insert(sizes.end(), {at - 1, at, at + 1});
+    } else if (t == DataType::kFloat32) {
+      sizes.push_back(at);  // not taken by default in larger groups
     }
-    for (size_t n : sizes) {
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const size_t n = sizes[k];
       for (ReduceOp op : kReduceOps) {
         if (op == ReduceOp::kAverage && !dist::is_floating(t)) continue;
+        if (k >= threshold_from && op != ReduceOp::kSum) continue;
         const bool order_free =
             world <= 2 || !dist::is_floating(t) || op == ReduceOp::kMin || op == ReduceOp::kMax;
         const bool product = op == ReduceOp::kProduct;
@@ -716,7 +727,7 @@ int cma() {
             got.push_back(std::move(raw));
           }
           run(*big, on_big, dist::kShmCmaBytes, big_max, got[0], op, root);
-          run(*small, on_small, 1, 1u << 20, got[1], op, root);
+          run(*small, on_small, 1, (size_t{4} << 20) - 1, got[1], op, root);
           run(*copy, on_copy, off, off, got[2], op, root);
           gloo->all_reduce(got[3].buffer(), op);
           if (root >= 0 && rank != root) continue;
@@ -744,7 +755,7 @@ int cma() {
     }
   };
   count("default sizes", on_big);
-  count("from 1 byte to 1 MiB", on_small);
+  count("from 1 byte to just below 4 MiB", on_small);
   count("CTORCHRUN_DIST_SHM_CMA=0", on_copy);
   big->barrier();
   gloo->barrier();

@@ -78,8 +78,8 @@ void cma_versus(int world) {
   int ranks = 0;
   for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
     ++ranks;
-    CHECK(std::stoi((*it)[1].str()) > 400);
-    CHECK(std::stoi((*it)[2].str()) > 250);
+    CHECK(std::stoi((*it)[1].str()) > 300);
+    CHECK(std::stoi((*it)[2].str()) > 300);
   }
   CHECK(ranks == world);
   CHECK_THAT(r.output, !Catch::Contains("cross-memory attach) unavailable"));
