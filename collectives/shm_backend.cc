@@ -59,23 +59,27 @@ std::string env_text(const char* name) {
   return value == nullptr ? std::string() : std::string(value);
 }
 
+// `text` as a decimal count of at most 15 digits (no sign, no spaces);
+// nullopt when it is anything else. std::stoull alone takes " 5" and "-1".
+std::optional<size_t> decimal_count(const std::string& text) {
+  if (text.empty() || text.size() > 15 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return static_cast<size_t>(std::stoull(text));
+}
+
 // CTORCHRUN_DIST_SHM_CHUNK in whole pages, when set; ConfigError when it is
 // not a byte count from 64 KiB to 64 MiB.
 std::optional<size_t> chunk_setting() {
   const std::string text = env_text("CTORCHRUN_DIST_SHM_CHUNK");
   if (text.empty()) return std::nullopt;
-  size_t used = 0;
-  unsigned long long value = 0;
-  try {
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value < kMinChunk || value > (64u << 20)) {
+  const auto value = decimal_count(text);
+  if (!value || *value < kMinChunk || *value > (64u << 20)) {
     throw ConfigError("CTORCHRUN_DIST_SHM_CHUNK='" + text +
                       "' must be a byte count from 65536 to 67108864");
   }
-  return static_cast<size_t>(value) / kPage * kPage;
+  return *value / kPage * kPage;
 }
 
 // Bytes of one rank's buffer (two per rank): CTORCHRUN_DIST_SHM_CHUNK, else
@@ -112,13 +116,10 @@ HostView parse_view(const std::string& text) {
       space == std::string::npos) {
     return view;
   }
-  const std::string digits = line.substr(2, space - 2);
-  if (digits.empty() || digits.size() > 12 ||
-      digits.find_first_not_of("0123456789") != std::string::npos) {
-    return view;
-  }
+  const auto piece = decimal_count(line.substr(2, space - 2));
+  if (!piece) return view;
   view.shm = line[0] == '1';
-  view.piece = static_cast<size_t>(std::stoull(digits));
+  view.piece = *piece;
   view.identity = line.substr(space + 1);
   if (end != std::string::npos) view.probe = text.substr(end + 1);
   return view;
@@ -149,17 +150,9 @@ bool cma_switch() {
 size_t cma_bytes(const char* name, size_t fallback) {
   const std::string text = env_text(name);
   if (text.empty()) return fallback;
-  size_t used = 0;
-  unsigned long long value = 0;
-  try {
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size()) {
-    throw ConfigError(std::string(name) + "='" + text + "' must be a byte count");
-  }
-  return static_cast<size_t>(value);
+  const auto value = decimal_count(text);
+  if (!value) throw ConfigError(std::string(name) + "='" + text + "' must be a byte count");
+  return *value;
 }
 
 std::atomic<uint64_t> g_cma_calls{0};
@@ -1150,6 +1143,8 @@ int sweep_stale_segments(const std::string& dir) {
 std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   // Read first, so that a bad value fails every rank alike, at once.
   const bool cma = cma_switch();
+  // A hierarchical all_reduce's piece (rank 0's holds on every rank).
+  const size_t piece = chunk_setting().value_or(kDefaultChunk);
   const size_t cma_min = cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes);
   const size_t cma_max =
       cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX", context.size <= kShmCmaRanks ? kShmCmaMaxBytes : 0);
@@ -1164,7 +1159,6 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   const auto deadline = Clock::now() + context.timeout;
   const std::string dir = shm_dir();
   const std::string identity = host_identity(dir);
-  const size_t piece = chunk_setting().value_or(kDefaultChunk);
   std::vector<HostView> views;
   for (const auto& text :
        exchange(*context.store, "shm/host", context.rank, context.size,

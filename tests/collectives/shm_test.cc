@@ -240,6 +240,44 @@ TEST_CASE("shm single copy: CTORCHRUN_DIST_SHM_CMA must be 0 or 1", "[unit]") {
   ::unsetenv("CTORCHRUN_DIST_SHM_CMA");
 }
 
+TEST_CASE("shm sizes: the chunk and single-copy sizes must be plain byte counts", "[unit]") {
+  ctorchrun::dist::InitOptions options;
+  options.rank = 0;
+  options.world_size = 1;
+  options.store = std::make_shared<ctorchrun::store::HashStore>();
+  struct Case {
+    const char* name;
+    const char* value;
+    bool good;
+  };
+  const Case cases[] = {
+      {"CTORCHRUN_DIST_SHM_CHUNK", "65536", true},
+      {"CTORCHRUN_DIST_SHM_CHUNK", "67108864", true},
+      {"CTORCHRUN_DIST_SHM_CHUNK", "65535", false},     // below 64 KiB
+      {"CTORCHRUN_DIST_SHM_CHUNK", "67108865", false},  // above 64 MiB
+      {"CTORCHRUN_DIST_SHM_CHUNK", "-1", false},        // std::stoull would wrap it
+      {"CTORCHRUN_DIST_SHM_CHUNK", " 65536", false},
+      {"CTORCHRUN_DIST_SHM_CHUNK", "65536k", false},
+      {"CTORCHRUN_DIST_SHM_CHUNK", "99999999999999999999999", false},
+      {"CTORCHRUN_DIST_SHM_CMA_MIN", "0", true},
+      {"CTORCHRUN_DIST_SHM_CMA_MIN", "-1", false},
+      {"CTORCHRUN_DIST_SHM_CMA_MAX", "1e6", false},
+      {"CTORCHRUN_DIST_SHM_CMA_MAX", "+5", false},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name, c.value);
+    ::setenv(c.name, c.value, 1);
+    if (c.good) {
+      CHECK_NOTHROW(ctorchrun::dist::init_process_group(options));
+    } else {
+      CHECK_THROWS_AS(ctorchrun::dist::init_process_group(options), ctorchrun::ConfigError);
+      CHECK_THROWS_WITH(ctorchrun::dist::init_process_group(options),
+                        Catch::Contains(std::string(c.name) + "='" + c.value + "'"));
+    }
+    ::unsetenv(c.name);
+  }
+}
+
 TEST_CASE("shm isolation: two jobs with one run id and two groups of one job share no segment",
           "[multiproc]") {
   TempDir dir("shm");
