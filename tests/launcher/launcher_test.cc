@@ -88,10 +88,15 @@ TEST_CASE(
     "ctorchrun: a failing worker restarts every worker, exhausted restarts exit 1 with a summary",
     "[multiproc]") {
   TempDir d;
-  auto r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--max_restarts=2"},
-                                sh("echo $$ > " + d.path +
-                                   "/start_${TORCHELASTIC_RESTART_COUNT}_$RANK; "
-                                   "if [ $RANK = 1 ]; then exit 3; fi; sleep 30")));
+  // Rank 1 fails only once rank 0 has started (at most 5 s): a restart takes
+  // a few milliseconds, so rank 0 could otherwise be stopped before its first
+  // line ran.
+  auto r = run_ctorchrun(
+      concat({"--standalone", "--nproc_per_node=2", "--max_restarts=2"},
+             sh("echo $$ > " + d.path + "/start_${TORCHELASTIC_RESTART_COUNT}_$RANK; " +
+                "if [ $RANK = 1 ]; then i=0; while [ ! -e " + d.path +
+                "/start_${TORCHELASTIC_RESTART_COUNT}_0 ] && [ $i -lt 500 ]; do sleep 0.01; "
+                "i=$((i + 1)); done; exit 3; fi; sleep 30")));
   INFO(r.output);
   CHECK(r.exit_code == 1);
   for (int attempt = 0; attempt <= 2; ++attempt) {
