@@ -2,10 +2,12 @@
 # Collective benchmark, four systems in one run on this host, nccl-tests'
 # definitions (bytes, mean time of the slowest rank, algbw, busbw):
 #   shm    ctorch-collective-bench, libctorch_dist's default between ranks of
-#          one host (the shared-memory path)
+#          one host (the shared-memory path; single copy off)
 #   gloo   the same with CTORCHRUN_DIST_SHM=0 (gloo over loopback TCP)
-#   shm-nocma  shm with CTORCHRUN_DIST_SHM_CMA=0 (no single-copy all_reduce;
-#          not in the default set)
+#   shm-cma    shm with CTORCHRUN_DIST_SHM_CMA=1 (the single-copy all_reduce
+#          switched on; not in the default set)
+#   shm-nocma  shm with CTORCHRUN_DIST_SHM_CMA=0 (the default, said
+#          explicitly; not in the default set)
 #   torch  torch.distributed with gloo (bench/collective_bench_torch.py;
 #          all_reduce, broadcast, all_gather only)
 #   mpi    Open MPI (build/bin/ctorch-mpi-bench under mpirun --oversubscribe
@@ -51,7 +53,7 @@ if [ -x build/bin/ctorch-membw ]; then
 fi
 
 ours() {  # SHM_SWITCH NPROC OP [CMA_SWITCH]
-  CTORCHRUN_DIST_SHM_CMA=${4:-${CTORCHRUN_DIST_SHM_CMA:-1}} CTORCHRUN_DIST_SHM=$1 \
+  CTORCHRUN_DIST_SHM_CMA=${4:-${CTORCHRUN_DIST_SHM_CMA:-0}} CTORCHRUN_DIST_SHM=$1 \
     build/bin/ctorchrun --nproc_per_node="$2" --master_port="$(port)" \
     --no_python build/bin/ctorch-collective-bench --backend "$backend" --op "$3" \
     --min-bytes "$min" --max-bytes "$max" --json 2>/dev/null
@@ -65,6 +67,7 @@ for rep in $(seq 1 "$reps"); do
           shm | ours) ours 1 "$n" "$op" ;;
           gloo) ours 0 "$n" "$op" ;;
           shm-nocma) ours 1 "$n" "$op" 0 ;;
+          shm-cma) ours 1 "$n" "$op" 1 ;;
           torch)
             case $op in all_reduce | broadcast | all_gather) ;; *) continue ;; esac
             build/bin/ctorchrun --nproc_per_node="$n" --master_port="$(port)" \
@@ -111,6 +114,7 @@ for op, world in dict.fromkeys((k[0], k[1]) for k in times):
     head = ["size"] + [f"{s} us" for s in systems] + [f"{s} busbw" for s in systems]
     ratios = [("shm", "mpi"), ("shm", "torch")]
     if "shm-nocma" in systems: ratios.append(("shm-nocma", "torch"))
+    if "shm-cma" in systems: ratios.append(("shm-cma", "shm"))
     head += [f"{a}/{b}" for a, b in ratios]
     print("| " + " | ".join(head) + " |")
     print("|" + " ---: |" * len(head))

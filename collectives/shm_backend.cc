@@ -47,7 +47,12 @@ using std::chrono::milliseconds;
 constexpr const char* kNamePrefix = "ctdist.";
 constexpr uint32_t kMagic = 0x4d485343;  // "CSHM"
 constexpr size_t kPage = 4096;
-constexpr size_t kDefaultChunk = size_t{4} << 20;
+// 1 MiB: a rank's share of a chunk and its reduction stay in a core's L2
+// (2.2-2.7x the busbw of 4 MiB chunks from 2 to 16 MiB at two ranks on the
+// benchmark VM, quiet; bench/RESULTS.md).
+constexpr size_t kDefaultChunk = size_t{1} << 20;
+// A hierarchical all_reduce's piece: each is one gloo call between hosts.
+constexpr size_t kDefaultPiece = size_t{4} << 20;
 constexpr size_t kMinChunk = size_t{64} << 10;
 constexpr size_t kDefaultSegment = size_t{32} << 20;  // fits Docker's default /dev/shm (64 MiB)
 constexpr milliseconds kSlice{50};  // futex sleep, and so failure detection, granularity
@@ -83,8 +88,8 @@ std::optional<size_t> chunk_setting() {
 }
 
 // Bytes of one rank's buffer (two per rank): CTORCHRUN_DIST_SHM_CHUNK, else
-// 4 MiB, less when `ranks` would make the segment larger than 32 MiB. Fewer,
-// larger chunks mean fewer barriers, which cost most on a loaded host.
+// kDefaultChunk, less when `ranks` would make the segment larger than
+// 32 MiB.
 size_t chunk_bytes(int ranks) {
   if (auto set = chunk_setting()) return *set;
   const size_t fit = kDefaultSegment / (2 * static_cast<size_t>(ranks)) / kPage * kPage;
@@ -133,13 +138,13 @@ std::chrono::microseconds spin_time() {
   return std::chrono::microseconds(text.empty() ? 1000 : std::max(0, std::atoi(text.c_str())));
 }
 
-// CTORCHRUN_DIST_SHM_CMA: "1" (default) lets a group of one host read its
-// peers' buffers with process_vm_readv where it can, "0" keeps every byte in
-// the segment.
+// CTORCHRUN_DIST_SHM_CMA: "1" lets a group of one host read its peers'
+// buffers with process_vm_readv where it can, "0" (the default) keeps every
+// byte in the segment.
 bool cma_switch() {
   const std::string text = env_text("CTORCHRUN_DIST_SHM_CMA");
-  if (text.empty() || text == "1") return true;
-  if (text == "0") return false;
+  if (text == "1") return true;
+  if (text.empty() || text == "0") return false;
   throw ConfigError("CTORCHRUN_DIST_SHM_CMA='" + text + "' must be 0 (off) or 1 (on)");
 }
 
@@ -1144,7 +1149,7 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   // Read first, so that a bad value fails every rank alike, at once.
   const bool cma = cma_switch();
   // A hierarchical all_reduce's piece (rank 0's holds on every rank).
-  const size_t piece = chunk_setting().value_or(kDefaultChunk);
+  const size_t piece = chunk_setting().value_or(kDefaultPiece);
   const size_t cma_min = cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes);
   const size_t cma_max =
       cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX", context.size <= kShmCmaRanks ? kShmCmaMaxBytes : 0);

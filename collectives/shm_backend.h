@@ -30,14 +30,14 @@
 // the name; every rank maps it and says so in the store; once all have, the
 // name is unlinked, so that a process killed later leaves nothing behind.
 // Its size is bounded: a control page plus two buffers of a chunk per rank,
-// the chunk 4 MiB, or less so that the segment stays within 32 MiB
+// the chunk 1 MiB, or less so that the segment stays within 32 MiB
 // (CTORCHRUN_DIST_SHM_CHUNK sets it, 64 KiB to 64 MiB; rank 0's holds);
 // when the directory cannot hold that, rank 0 halves the chunk down to
 // 64 KiB before it gives up. Larger messages go in chunks.
 //
-// Cross-memory attach (CMA): at set-up every rank that wants it
-// (CTORCHRUN_DIST_SHM_CMA, "1" by default, "0" off, anything else a
-// ConfigError) lets any process of its user read its memory
+// Cross-memory attach (CMA), off by default: at set-up every rank that
+// wants it (CTORCHRUN_DIST_SHM_CMA, "1" on, "0" or unset off, anything else
+// a ConfigError) lets any process of its user read its memory
 // (prctl(PR_SET_PTRACER_ANY); EINVAL, no Yama, is fine) and publishes a
 // probe word with the host exchange; each rank then reads every peer's
 // word with process_vm_readv, checks its value and says whether it could
@@ -49,7 +49,7 @@
 // (below) leave the path nothing, as in groups of more than two ranks by
 // default, neither calls prctl nor publishes a probe, and says "off".
 //
-// Algorithms: in a CMA group of two ranks, from kShmCmaBytes (4 MiB) to
+// Algorithms: in a CMA group of two ranks (switched on), from kShmCmaBytes (4 MiB) to
 // kShmCmaMaxBytes (32 MiB; CTORCHRUN_DIST_SHM_CMA_MIN and _MAX set the
 // sizes at any group size, rank 0's hold) an all_reduce or reduce is
 // single-copy: each rank writes its buffer's address and length next to
@@ -69,7 +69,10 @@
 // the input, write the result) and the slower copy decides; with more
 // ranks each reads (n - 1) / n of the message twice by that copy where the
 // segment path uses memcpy (1.0 to 1.4x slower at 4 ranks at every size
-// measured).
+// measured). Since the chunk became 1 MiB the segment path is the faster
+// one inside that window too on the benchmark VM (1.3-1.6x at 4-32 MiB, two
+// ranks, 2026-11-28), hence off by default; where the kernel copies faster
+// than memory bandwidth is shared, switch it on and measure.
 //
 // Otherwise, up to kShmFlatBytes an all_reduce is flat (every rank copies
 // its buffer in, then reduces all of them itself, in rank order); larger

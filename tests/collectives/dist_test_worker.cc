@@ -27,7 +27,7 @@
 //     (shm|gloo): N checks, B bit-identical" (exit 0) or each failure (exit 1).
 //   dist_test_worker cma
 //     four groups of the same ranks: shared memory with the single-copy path
-//     (cross-memory attach) at its default sizes, the same from one byte to
+//     (cross-memory attach, switched on) at its default sizes, the same from one byte to
 //     just below the default threshold (CTORCHRUN_DIST_SHM_CMA_MIN=1,
 //     _MAX=4194303), shared memory without it (CTORCHRUN_DIST_SHM_CMA=0) and
 //     gloo alone; all_reduce and reduce of every data type x reduce op at
@@ -38,7 +38,8 @@
 //     the shared-memory groups bit for bit among
 //     themselves, with gloo as `versus` does. Counts the calls that went by
 //     cross-memory attach (shm_cma_calls) on each group against the calls
-//     within its sizes. Prints "cma: rank R of W: N checks, C single-copy
+//     within its sizes, and that a group with the switch unset takes none.
+//     Prints "cma: rank R of W: N checks, C single-copy
 //     calls" (exit 0) or each failure (exit 1).
 //   dist_test_worker loop ROUNDS [COUNT]
 //     prints "transport T" (the world group's), then all-reduces ROUNDS times
@@ -665,8 +666,9 @@ int cma() {
     std::cerr << "cma: run without CTORCHRUN_DIST_SHM_CMA\n";
     return 1;
   }
-  auto big = group_with(true, "", "", "");
-  auto small = group_with(true, "", "1", "4194303");
+  // Switched on (off by default) at the default sizes, and from one byte.
+  auto big = group_with(true, "1", "", "");
+  auto small = group_with(true, "1", "1", "4194303");
   auto copy = group_with(true, "0", "", "");
   auto gloo = group_with(false, "", "", "");
   const int rank = big->rank();
@@ -757,6 +759,17 @@ int cma() {
   count("default sizes", on_big);
   count("from 1 byte to just below 4 MiB", on_small);
   count("CTORCHRUN_DIST_SHM_CMA=0", on_copy);
+  {
+    // Unset, the switch is off: an all_reduce inside the default window
+    // goes through the segment.
+    auto plain = group_with(true, "", "", "");
+    Raw raw(DataType::kFloat32, (dist::kShmCmaBytes + dist::kShmCmaMaxBytes) / 2 / 4);
+    const uint64_t before = dist::shm_cma_calls();
+    plain->all_reduce(raw.buffer(), ReduceOp::kSum);
+    if (dist::shm_cma_calls() != before) {
+      c.fail("an all_reduce went by cross-memory attach with CTORCHRUN_DIST_SHM_CMA unset");
+    }
+  }
   big->barrier();
   gloo->barrier();
   if (c.failures() > 0) return 1;

@@ -168,10 +168,12 @@ TEST_CASE(
     "[multiproc]") {
   // The victim dies 10 ms into it: the others are reading its buffer or
   // waiting for it.
-  // Three ranks take the single copy only when told to.
+  // The single copy is off unless switched on, and three ranks take it only
+  // when told to.
   auto result = peer_failure(
       "kill-late", 60000, ctorchrun::dist::kShmCmaMaxBytes / 4,
-      {{"CTORCHRUN_DIST_SHM_CMA_MAX", std::to_string(ctorchrun::dist::kShmCmaMaxBytes)}});
+      {{"CTORCHRUN_DIST_SHM_CMA", "1"},
+       {"CTORCHRUN_DIST_SHM_CMA_MAX", std::to_string(ctorchrun::dist::kShmCmaMaxBytes)}});
   for (const auto& out : result.survivors) {
     INFO(out);
     // Rounds 0 and 1 went by cross-memory attach.
@@ -334,7 +336,7 @@ TEST_CASE("shm fallback: a full /dev/shm makes the groups use gloo with one warn
 TEST_CASE("shm fallback: a small /dev/shm takes smaller chunks and stays on shared memory",
           "[multiproc]") {
   REQUIRE(::geteuid() == 0);
-  // 1 MiB holds two ranks' buffers of 128 KiB, not of the default 4 MiB.
+  // 1 MiB holds two ranks' buffers of 128 KiB, not of the default 1 MiB.
   auto [code, out] = job_with_small_dev_shm("1m");
   INFO(out);
   CHECK(code == 0);
