@@ -502,13 +502,17 @@ TEST_CASE(
     CHECK(job.last(n).rfind("2 0 ", 0) == 0);
   }
   job.stop();
+  std::map<std::string, int> rcs;
   for (const char* n : {"a", "b", "c"}) {
     if (n == victim) continue;
-    const int rc = agents[n]->exit_code(30s);
-    out += agents[n]->read_all(1s) + "\n----\n";
-    CHECK(rc == 0);
+    rcs[n] = agents[n]->exit_code(30s);
+    out += std::string(n) + ": " + agents[n]->read_all(1s) + "\n----\n";
   }
   INFO(out);
+  for (const auto& [n, rc] : rcs) {
+    INFO(n);
+    CHECK(rc == 0);
+  }
   CHECK(contains(out, "lost node"));
 }
 
