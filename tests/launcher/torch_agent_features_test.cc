@@ -60,7 +60,7 @@ TEST_CASE("ctorchrun: a rank stuck past its torch expires() timer is killed and 
   const std::string pipe = d.file("timer.pipe");
   auto r = run_ctorchrun(
       {"--nproc_per_node=2", "--master_port=" + std::to_string(free_port()), kTimerWorker,
-       "--after", "1", "--sleep", "5", "--record", d.path},
+       "--after", "1", "--sleep", "5", "--record", d.path, "--after-others"},
       {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", pipe}}, 120s);
   INFO(r.output);
   CHECK(r.exit_code == 1);

@@ -3,7 +3,7 @@
 
 Usage (as a launcher's worker script, with TORCHELASTIC_ENABLE_FILE_TIMER=1):
     timer_worker.py [--rank R] [--after A] [--sleep S] [--stuck-attempts N]
-                    [--record DIR]
+                    [--record DIR] [--after-others]
 
 Every rank configures torch's FileTimerClient on $TORCHELASTIC_TIMER_FILE (as
 a script run by torchrun with the file timer on does). Rank R (default 0)
@@ -15,6 +15,11 @@ expire (`expires(after=60)` around a 0.2 s sleep) and exits 0.
 
 --record DIR writes DIR/attempt<A>_rank<R> with the worker's pid when the
 block starts, and DIR/done_attempt<A>_rank<R> when it ends.
+
+--after-others (with --record): the stuck rank enters its block only once
+every other rank's done_attempt<A>_rank<r> is there (at most 120 s), so that
+a slow start of the others (importing torch on a busy machine) never has
+them stopped by the stuck rank's kill before their block ran.
 """
 
 import argparse
@@ -32,6 +37,7 @@ def main():
     p.add_argument("--sleep", type=float, default=5.0)
     p.add_argument("--stuck-attempts", type=int, default=1 << 30)
     p.add_argument("--record", default="")
+    p.add_argument("--after-others", action="store_true")
     a = p.parse_args()
     rank = int(os.environ["RANK"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -43,6 +49,13 @@ def main():
     if a.record:
         with open(os.path.join(a.record, f"attempt{attempt}_rank{rank}"), "w") as f:
             f.write(str(os.getpid()))
+    if stuck and a.after_others and a.record:
+        world = int(os.environ["WORLD_SIZE"])
+        others = [os.path.join(a.record, f"done_attempt{attempt}_rank{r}")
+                  for r in range(world) if r != rank]
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(o) for o in others) and time.monotonic() < deadline:
+            time.sleep(0.05)
     if stuck:
         with expires(after=a.after):
             time.sleep(a.sleep)
