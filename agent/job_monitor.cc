@@ -7,6 +7,7 @@
 #include "agent/protocol.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "store/store.h"
 
 namespace ctorchrun::agent {
 
@@ -224,8 +225,10 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
           next_scan = now + o.keep_alive_interval;
         } else {
           bool known = false;
-          if (store->check({keys::liveness()})) {
-            std::string raw = store->get(keys::liveness());
+          // One read that never waits: the view goes with the job's keys when
+          // the last node tidies them (etcd), maybe between two calls of ours.
+          if (auto view = store::read_if_present(*store, keys::liveness())) {
+            const std::string& raw = *view;
             auto j = nlohmann::json::parse(raw, nullptr, false);
             if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_integer()) {
               throw ProtocolError("unreadable record at key '" + keys::liveness() +
@@ -263,7 +266,10 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
       if (k != seen_failure_of) {
         try {
           store->wait({keys::failure(k)}, o.failure_poll);
-          std::string raw = store->get(keys::failure(k));
+          // Not a waiting get: the record may be tidied away meanwhile.
+          auto record = store::read_if_present(*store, keys::failure(k));
+          if (!record) throw TimeoutError("the failure record went before it was read");
+          const std::string& raw = *record;
           FailureRecord f;
           try {
             f = FailureRecord::from_json(raw);

@@ -183,9 +183,11 @@ void C10dState::join() {
   int g = static_cast<int>(job_.add("generation", 0));
   for (int step = 0;; ++step) {
     CTORCHRUN_CHECK(step < kMaxSteps, "no usable generation of the rendezvous id");
-    if (!job_.check({closed_key(g)})) break;
     const std::string key = closed_key(g);
-    auto j = parse_object(job_.get(key), key);
+    // The marker lives on a lease: it may expire between two calls.
+    const auto raw = store::read_if_present(job_, key);
+    if (!raw) break;
+    auto j = parse_object(*raw, key);
     auto at = j.find("closed_at_ms");
     auto outcome = j.find("outcome");
     if (at == j.end() || !at->is_number_integer() || outcome == j.end() || !outcome->is_string()) {
@@ -216,7 +218,8 @@ void C10dState::join() {
   check_settings();
   settings_checked_ = true;
   const std::string hint_key = "g" + std::to_string(g) + "/rdzv/round";
-  int r = job_.check({hint_key}) ? static_cast<int>(int_text(job_.get(hint_key), hint_key)) : 0;
+  const auto hint = store::read_if_present(job_, hint_key);
+  int r = hint ? static_cast<int>(int_text(*hint, hint_key)) : 0;
   for (int step = 0; job_.check({round_key(g, r, "complete")}); ++step) {
     CTORCHRUN_CHECK(step < kMaxSteps, "no forming round of the rendezvous");
     ++r;
@@ -514,8 +517,11 @@ std::vector<NodeInfo> C10dState::read_members(store::Store& job, const C10dRound
 
 void C10dState::check_closed(bool while_waiting) {
   const std::string key = closed_key(generation_);
-  if (!job_.check({key})) return;
-  auto j = parse_object(job_.get(key), key);
+  // Reads that never wait, here and in poll(): the store host's tidy may
+  // take any of the job's keys away between two calls.
+  const auto raw = store::read_if_present(job_, key);
+  if (!raw) return;
+  auto j = parse_object(*raw, key);
   auto outcome = j.find("outcome");
   const std::string o = outcome != j.end() && outcome->is_string() ? outcome->get<std::string>()
                                                                    : std::string("ended");
@@ -526,8 +532,8 @@ void C10dState::check_closed(bool while_waiting) {
 
 std::optional<C10dRound> C10dState::poll() {
   CTORCHRUN_CHECK(round_ >= 0, "C10dState::poll() before join()");
-  if (job_.check({key("complete")})) {
-    C10dRound r = read_roster(job_.get(key("complete")));
+  if (const auto complete = store::read_if_present(job_, key("complete"))) {
+    C10dRound r = read_roster(*complete);
     if (r.group_rank >= 0) {
       was_member_ = true;
       return r;
@@ -541,12 +547,12 @@ std::optional<C10dRound> C10dState::poll() {
   check_closed(true);
   if (!open_) {
     const std::string reform_key = round_key(generation_, round_ - 1, "reform");
-    if (!job_.check({reform_key})) {
+    const auto reform_raw = store::read_if_present(job_, reform_key);
+    if (!reform_raw) {
       if (running_.size() == 0) {
         const std::string prev = round_key(generation_, round_ - 1, "complete");
-        if (job_.check({prev})) {
-          running_ =
-              Roster::from_json(parse_object(job_.get(prev), prev), prev, settings_.max_nodes);
+        if (const auto raw = store::read_if_present(job_, prev)) {
+          running_ = Roster::from_json(parse_object(*raw, prev), prev, settings_.max_nodes);
         }
       }
       watch_running_round();
@@ -554,7 +560,7 @@ std::optional<C10dRound> C10dState::poll() {
     }
     // Round round_-1 made way: this round is open. The members of round_-1
     // not lost are expected back.
-    auto reform = parse_object(job_.get(reform_key), reform_key);
+    auto reform = parse_object(*reform_raw, reform_key);
     auto lost_json = reform.find("lost");
     std::vector<int> lost;
     if (lost_json != reform.end() && lost_json->is_array()) {
@@ -565,8 +571,10 @@ std::optional<C10dRound> C10dState::poll() {
       }
     }
     const std::string prev = round_key(generation_, round_ - 1, "complete");
+    const auto prev_raw = store::read_if_present(job_, prev);
+    if (!prev_raw) return std::nullopt;  // tidied: the next poll reads the closed marker
     const int size =
-        Roster::from_json(parse_object(job_.get(prev), prev), prev, settings_.max_nodes).size();
+        Roster::from_json(parse_object(*prev_raw, prev), prev, settings_.max_nodes).size();
     expected_back_ = expected_members(size, lost);
     expected_list_ = expected_ranks(size, lost);
     open_ = true;
@@ -817,8 +825,9 @@ MembershipChange C10dRoundWatch::gone_members(const std::vector<int>& left) {
 }
 
 std::optional<MembershipChange> C10dRoundWatch::check(int attempt) {
-  const std::string k = key(round_, "reform");
-  if (job_.check({k})) return parse(job_.get(k));
+  // One read that never waits: the record goes with the job's keys when the
+  // last node tidies them (etcd), maybe while this check runs.
+  if (auto record = store::read_if_present(job_, key(round_, "reform"))) return parse(*record);
   std::vector<int> left;
   if (members_ > 1) {
     // Gone: it left on purpose (the round's left tally), its presence key

@@ -59,9 +59,15 @@ class EtcdCoordination : public Coordination {
   OpenStore background() const override {
     return [endpoints = options_.etcd_endpoints, tls = options_.etcd_tls, root = root_](
                const std::string& prefix, milliseconds timeout) -> std::shared_ptr<store::Store> {
+      // `timeout` bounds each request and each waiting read (get, wait),
+      // as on the TCP store: a key that never comes costs a background
+      // thread that much, not the store's default of minutes.
       auto c = std::make_shared<etcd::EtcdClient>(endpoints, timeout, tls);
-      return std::make_shared<store::PrefixStore>(prefix,
-                                                  std::make_shared<etcd::EtcdStore>(c, root));
+      auto etcd = std::make_shared<etcd::EtcdStore>(c, root);
+      etcd->set_timeout(timeout);
+      auto s = std::make_shared<store::PrefixStore>(prefix, etcd);
+      s->set_timeout(timeout);
+      return s;
     };
   }
   std::shared_ptr<store::Store> presence() const override { return presence_; }

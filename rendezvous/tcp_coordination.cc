@@ -80,7 +80,10 @@ class TcpCoordination : public Coordination {
   OpenStore background() const override {
     return [addr = strip_brackets(options_.endpoint_host), port = options_.endpoint_port](
                const std::string& prefix, milliseconds timeout) -> std::shared_ptr<store::Store> {
-      return std::make_shared<store::PrefixStore>(prefix, tcp_client(addr, port, timeout, timeout));
+      auto s =
+          std::make_shared<store::PrefixStore>(prefix, tcp_client(addr, port, timeout, timeout));
+      s->set_timeout(timeout);
+      return s;
     };
   }
   std::shared_ptr<store::Store> presence() const override { return presence_; }

@@ -94,7 +94,7 @@ TEST_CASE("job monitor: a node other than the host reads one key per interval, w
     CHECK((k == agent::keys::alive(1) || k == agent::keys::liveness() ||
            k == agent::keys::failure(0)));
   }
-  // Per interval: one beat, one check and one get of the view.
+  // Per interval: one beat and one read of the view.
   auto beats = std::count(seen.begin(), seen.end(), agent::keys::alive(1));
   auto liveness_reads = std::count(seen.begin(), seen.end(), agent::keys::liveness());
   CHECK(beats >= 1);
@@ -115,6 +115,40 @@ TEST_CASE("job monitor: a failure record wakes the agent, a malformed one is a p
   CHECK(host.monitor->protocol_error()->find("attempt/1/failure") != std::string::npos);
   CHECK(host.monitor->protocol_error()->find("'rank'") != std::string::npos);
   CHECK_FALSE(host.monitor->store_lost());
+}
+
+TEST_CASE(
+    "job monitor: a view or failure record tidied away between two of its calls never leaves it "
+    "waiting for the key",
+    "[unit]") {
+  // The last node of an etcd job deletes the job's keys as it leaves; the
+  // others' monitors run until their agents exit. A read that waits for a key
+  // that went would hold the agent's exit for the store's timeout (minutes).
+  auto hash = std::make_shared<store::HashStore>();
+  Node n1(hash, 1, 2);
+  n1.fault->refuse_waiting_reads(true);
+  // The view: published, then tidied away after each call that names it.
+  n1.fault->vanish_after(FaultStore::Op::kCheck, agent::keys::liveness(), 5);
+  n1.fault->vanish_after(FaultStore::Op::kCompareSet, agent::keys::liveness(), 5);
+  for (int i = 0; i < 5; ++i) {
+    hash->set(agent::keys::liveness(), R"({"seq":1,"dead":[],"gone":[]})");
+    REQUIRE(eventually([&] { return !hash->check({agent::keys::liveness()}); }));
+  }
+  // The failure record: gone after the wait that saw it, before it is read.
+  n1.fault->vanish_after(FaultStore::Op::kWait, agent::keys::failure(0), 1);
+  hash->set(agent::keys::failure(0), R"({"rank":3,"node_rank":0,"exit_code":7})");
+  REQUIRE(eventually([&] { return !hash->check({agent::keys::failure(0)}); }));
+  // Read whole when it stays.
+  hash->set(agent::keys::failure(0), R"({"rank":4,"node_rank":0,"exit_code":7})");
+  REQUIRE(eventually([&] { return n1.monitor->failure(0).has_value(); }));
+  CHECK(n1.monitor->failure(0)->rank == 4);
+  auto refused = n1.fault->refused_reads();
+  std::string list;
+  for (const auto& k : refused) list += k + " ";
+  INFO("waiting reads of missing keys: " << list);
+  CHECK(refused.empty());
+  CHECK_FALSE(n1.monitor->store_lost());
+  CHECK_FALSE(n1.monitor->protocol_error());
 }
 
 TEST_CASE("job monitor: a single-node job alone opens no connection and runs no thread", "[unit]") {

@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "cli/command_line.h"
 #include "etcd/client.h"
+#include "rendezvous/coordination.h"
 #include "tests/cli/parse_support.h"
 #include "tests/launcher/launcher_support.h"
 #include "tests/support/etcd_server.h"
@@ -514,6 +516,40 @@ TEST_CASE(
     CHECK(rc == 0);
   }
   CHECK(contains(out, "lost node"));
+}
+
+TEST_CASE(
+    "etcd-v3: a background connection's waiting reads end at the timeout it was opened with, not "
+    "the store's default of minutes",
+    "[multiproc]") {
+  // The monitor's connection: a read of a key that the job's last node tidied
+  // away must not hold an agent's exit for five minutes.
+  EtcdCluster etcd(1);
+  rendezvous::C10dOptions o;
+  o.job.run_id = "bg";
+  o.etcd_endpoints = etcd.client_endpoints();
+  o.etcd_prefix = "/ctorchrun";
+  o.read_timeout = 5s;
+  auto coord = rendezvous::make_etcd_coordination(o);
+  std::shared_ptr<store::Store> s = coord->background()("bg/g0/r0", 300ms);
+  CHECK(s->timeout() == 300ms);
+  auto outcome = std::make_shared<std::promise<std::string>>();
+  auto done = outcome->get_future();
+  std::thread([s, outcome] {
+    try {
+      s->get("never-written");
+      outcome->set_value("returned a value");
+    } catch (const TimeoutError& e) {
+      outcome->set_value(std::string("TimeoutError: ") + e.what());
+    } catch (const std::exception& e) {
+      outcome->set_value(std::string("other error: ") + e.what());
+    }
+  }).detach();  // joined by the future; left running only when this case fails
+  REQUIRE(done.wait_for(60s) == std::future_status::ready);
+  const std::string r = done.get();
+  INFO(r);
+  CHECK(r.rfind("TimeoutError: ", 0) == 0);
+  CHECK(contains(r, "timed out after 300ms"));
 }
 
 TEST_CASE(

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -1207,4 +1208,65 @@ TEST_CASE("C10dState: a member list removed from the store is an error at once, 
   hs.delete_key(C10dState::round_key(0, 0, "members/" + r->builder));
   // HashStore's get would wait for the key: read_members must not.
   CHECK_THROWS_AS(members(hs, *r), ProtocolError);
+}
+
+TEST_CASE(
+    "C10dState and C10dRoundWatch: a record tidied away between two of their calls never leaves "
+    "a read waiting for it",
+    "[unit]") {
+  // The last node of an etcd job deletes the job's keys as it leaves, while
+  // the others still watch the round or wait as spares: a read that waited
+  // for a key that went would hold them for the store's timeout (minutes).
+  auto hs = std::make_shared<store::HashStore>();
+  testing::FaultStore fs(hs);
+  fs.refuse_waiting_reads(true);
+  ManualClock clock;
+  Node a(*hs, clock, settings(1, 2), "a", 1s);
+  Node b(fs, clock, settings(1, 2), "b", 1s);
+  a.state.join();
+  b.state.join();
+  auto ra = a.state.poll();
+  auto rb = b.state.poll();
+  REQUIRE(ra);
+  REQUIRE(rb);
+  // A member's watch: the reform record goes right after the call that saw it.
+  C10dRoundWatch wa(*hs, settings(1, 2), *ra, 1s, clock.fn());
+  C10dRoundWatch wb(fs, settings(1, 2), *rb, 1s, clock.fn());
+  rendezvous::MembershipChange change;
+  change.reason = "lost node 0 (agent exited)";
+  change.lost = {0};
+  change.cause = "agent exited";
+  wa.reform(change);
+  fs.vanish_after(testing::FaultStore::Op::kCheck, "reform");
+  fs.vanish_after(testing::FaultStore::Op::kCompareSet, "reform");
+  std::optional<rendezvous::MembershipChange> seen;
+  REQUIRE_NOTHROW(seen = wb.check(0));
+  REQUIRE(seen);
+  CHECK(seen->reason == change.reason);
+  CHECK(seen->lost == std::vector<int>{0});
+  // A spare: the closed marker goes right after the call that saw it.
+  auto hs2 = std::make_shared<store::HashStore>();
+  testing::FaultStore fs2(hs2);
+  fs2.refuse_waiting_reads(true);
+  Node m(*hs2, clock, settings(1, 1), "m", 1s);
+  Node spare(fs2, clock, settings(1, 1), "s", 1s);
+  m.state.join();
+  REQUIRE(m.state.poll());
+  spare.state.join();
+  CHECK_FALSE(spare.state.poll().has_value());
+  CHECK(m.state.close("succeeded") == 1);
+  fs2.vanish_after(testing::FaultStore::Op::kCheck, "closed");
+  fs2.vanish_after(testing::FaultStore::Op::kCompareSet, "closed");
+  try {
+    spare.state.poll();
+    FAIL("the spare did not see the end");
+  } catch (const JobClosedError& e) {
+    CHECK(e.outcome() == "succeeded");
+  }
+  std::string list;
+  for (const auto& k : fs.refused_reads()) list += k + " ";
+  for (const auto& k : fs2.refused_reads()) list += k + " ";
+  INFO("waiting reads of missing keys: " << list);
+  CHECK(fs.refused_reads().empty());
+  CHECK(fs2.refused_reads().empty());
 }

@@ -1,7 +1,8 @@
 #pragma once
 
 // FaultStore: a store::Store that forwards to another and, on command, fails,
-// delays or counts chosen calls (LevelDB's fault-injection Env idea). For
+// delays or counts chosen calls, or deletes the keys a call named right after
+// it (LevelDB's fault-injection Env idea). For
 // tests of code that must survive a misbehaving store without sleeping
 // through real timeouts. Thread-safe.
 //
@@ -81,6 +82,19 @@ class FaultStore : public store::Store {
   // throws WouldWaitError at once instead of waiting: for single-threaded
   // simulations, where nobody could create the key meanwhile.
   void refuse_waiting_reads(bool on) { refuse_waiting_reads_ = on; }
+  // The keys that waiting reads (get, multi_get) were refused for so far:
+  // reads that would have waited for a key the inner store lacked.
+  std::vector<std::string> refused_reads() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return refused_reads_;
+  }
+  // The next `n` calls of `op` naming a key that contains `key_part` reach
+  // the inner store, and then those keys are deleted there: a peer that
+  // tidies them away between this call and the caller's next one.
+  void vanish_after(Op op, std::string key_part, int n = 1) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    vanish_[op] = {n, std::move(key_part)};
+  }
   // Every call of every operation throws IoError while `on`.
   void fail_all(bool on) { fail_all_ = on; }
   // Each call of `op` first sleeps `d`.
@@ -174,7 +188,12 @@ class FaultStore : public store::Store {
     if (fail_all_) throw IoError("injected failure (every call)");
     if (refuse_waiting_reads_ && (op == Op::kGet || op == Op::kMultiGet || op == Op::kWait)) {
       for (const auto& k : keys) {
-        if (!inner_->check({k})) throw WouldWaitError(k);
+        if (inner_->check({k})) continue;
+        if (op != Op::kWait) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          refused_reads_.push_back(k);
+        }
+        throw WouldWaitError(k);
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -186,6 +205,15 @@ class FaultStore : public store::Store {
   // The call reached the inner store: its answer may be lost now.
   void after(Op op, const std::vector<std::string>& keys) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (auto v = vanish_.find(op); v != vanish_.end() && v->second.first != 0) {
+      bool named = false;
+      for (const auto& k : keys) {
+        if (k.find(v->second.second) == std::string::npos) continue;
+        named = true;
+        inner_->delete_key(k);
+      }
+      if (named && v->second.first > 0) --v->second.first;
+    }
     auto it = lost_answers_.find(op);
     if (it == lost_answers_.end() || it->second.first == 0) return;
     const std::string& part = it->second.second;
@@ -209,6 +237,8 @@ class FaultStore : public store::Store {
   std::map<Op, int> failures_;
   std::map<Op, std::chrono::milliseconds> delays_;
   std::map<Op, std::pair<int, std::string>> lost_answers_;  // (count, key part)
+  std::map<Op, std::pair<int, std::string>> vanish_;        // (count, key part)
+  std::vector<std::string> refused_reads_;
   int answers_lost_ = 0;
   std::atomic<bool> fail_all_{false};
   std::atomic<bool> refuse_waiting_reads_{false};
