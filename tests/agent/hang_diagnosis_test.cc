@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -108,6 +109,16 @@ TEST_CASE("hang: a stalled Python process's stacks and flight recorder dump land
       {"/bin/sh", "-c",
        "PYTHONFAULTHANDLER=1 exec /usr/bin/python3 " + script + " 2>" + dir.file("stderr.log")});
   REQUIRE(p.read_line(10s) == "ready");
+  // "ready" comes just before the sleep: sample only once the process is in
+  // it, so that its innermost frame is line 4 (at most 10 s).
+  const std::string syscall = "/proc/" + std::to_string(p.pid()) + "/syscall";
+  const std::string sleeping = std::to_string(SYS_clock_nanosleep) + " ";
+  bool in_sleep = false;
+  for (int i = 0; i < 1000 && !in_sleep; ++i) {
+    in_sleep = testing::read_file(syscall).rfind(sleeping, 0) == 0;
+    if (!in_sleep) std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(in_sleep);
   FakeFlightRecorder fr(dir.file("pipe7.pipe"), dir.file("dump7"));
   DiagnosisOptions o =
       diagnosis_options("100", dir.file("pipe"), dir.file("dump"), "/usr/bin:/bin");
