@@ -73,6 +73,18 @@ void wait_for_ranks(store::Store& store, int rank, int size, milliseconds timeou
   }
 }
 
+// An on/off switch: `given` when set, else its variable (0 or 1), else on.
+bool read_switch(std::optional<bool> given, const char* name) {
+  if (given) return *given;
+  auto text = env(name);
+  if (!text) return true;
+  if (*text != "0" && *text != "1") {
+    throw ConfigError(std::string("init_process_group: ") + name + "='" + *text +
+                      "' must be 0 (off) or 1 (on)");
+  }
+  return *text == "1";
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, BackendContext context,
@@ -120,26 +132,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const milliseconds timeout = options.backend == "nccl" && options.timeout == kDefaultTimeout
                                    ? kDefaultNcclTimeout
                                    : options.timeout;
-  bool check_calls = true;
-  if (options.check_calls) {
-    check_calls = *options.check_calls;
-  } else if (auto text = env("CTORCHRUN_DIST_CHECK_CALLS")) {
-    if (*text != "0" && *text != "1") {
-      throw ConfigError("init_process_group: CTORCHRUN_DIST_CHECK_CALLS='" + *text +
-                        "' must be 0 (off) or 1 (on)");
-    }
-    check_calls = *text == "1";
-  }
-  bool shm = true;
-  if (options.shm) {
-    shm = *options.shm;
-  } else if (auto text = env("CTORCHRUN_DIST_SHM")) {
-    if (*text != "0" && *text != "1") {
-      throw ConfigError("init_process_group: CTORCHRUN_DIST_SHM='" + *text +
-                        "' must be 0 (off) or 1 (on)");
-    }
-    shm = *text == "1";
-  }
+  const bool check_calls = read_switch(options.check_calls, "CTORCHRUN_DIST_CHECK_CALLS");
+  const bool shm = read_switch(options.shm, "CTORCHRUN_DIST_SHM");
   const auto deadline = Clock::now() + timeout;
   ignore_default_sigpipe();
 
@@ -212,6 +206,39 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       options.backend, backend->transport(), rank, world, attempt, prefix);
   return std::make_shared<ProcessGroup>(std::move(backend), std::move(context), prefix, root,
                                         std::move(global), std::move(keep_alive));
+}
+
+std::shared_ptr<ProcessGroup> join_process_group(std::shared_ptr<store::Store> store, int rank,
+                                                 int size, const std::string& group_key,
+                                                 const InitOptions& options) {
+  if (!store) throw ConfigError("join_process_group: no store");
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw ConfigError("join_process_group: rank " + std::to_string(rank) + " is not in [0, " +
+                      std::to_string(size) + ")");
+  }
+  if (options.timeout <= milliseconds(0)) {
+    throw ConfigError("join_process_group: the timeout must be positive");
+  }
+  const auto deadline = Clock::now() + options.timeout;
+  BackendContext context;
+  context.check_calls = read_switch(options.check_calls, "CTORCHRUN_DIST_CHECK_CALLS");
+  context.shm = read_switch(options.shm, "CTORCHRUN_DIST_SHM");
+  ignore_default_sigpipe();
+  wait_for_ranks(*store, rank, size, options.timeout, "group '" + group_key + "'");
+  context.store = store;
+  context.rank = rank;
+  context.size = size;
+  context.device = options.device;
+  context.master_addr = options.master_addr.value_or(env("MASTER_ADDR").value_or(""));
+  context.group_key = group_key;
+  context.timeout =
+      std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
+  auto backend = create_backend(options.backend, context);
+  context.timeout = options.timeout;
+  std::vector<int> global(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) global[static_cast<size_t>(r)] = r;
+  return std::make_shared<ProcessGroup>(std::move(backend), std::move(context), group_key, store,
+                                        std::move(global), nullptr);
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks,

@@ -209,4 +209,15 @@ class ProcessGroup {
 // must fail the op with an error, not kill the survivor silently.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
+// A group over a store the caller has already made this group's own (torch
+// hands its backends a store prefixed per process group): rank and size as
+// given, no MASTER_*, RANK or WORLD_SIZE read; the switches of InitOptions
+// (or their variables), MASTER_ADDR for gloo's interface, `group_key`
+// naming the group among every group on the host (the shared-memory
+// segment's name hashes it). new_group on the result keeps its keys under
+// `store` too. Blocks and throws as init_process_group.
+std::shared_ptr<ProcessGroup> join_process_group(std::shared_ptr<store::Store> store, int rank,
+                                                 int size, const std::string& group_key,
+                                                 const InitOptions& options = {});
+
 }  // namespace ctorchrun::dist

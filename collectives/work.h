@@ -26,9 +26,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace ctorchrun::dist {
 
@@ -54,9 +56,13 @@ class PromiseWork : public Work {
   void wait(std::chrono::milliseconds timeout) override;
   bool is_completed() override;
 
-  // Marks the operation completed, with `error` (null on success).
+  // Marks the operation completed, with `error` (null on success), then
+  // runs the callbacks of when_complete on this thread, in the order given.
   void finish(std::exception_ptr error);
   const std::string& description() const { return description_; }
+
+  // See when_complete below.
+  void add_callback(std::function<void(std::exception_ptr)> callback);
 
  private:
   std::string description_;
@@ -64,6 +70,16 @@ class PromiseWork : public Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::vector<std::function<void(std::exception_ptr)>> callbacks_;
 };
+
+// Calls `callback` once `work` has completed, with its error (null on
+// success): on the thread that completes it (a group's queue thread, or a
+// blocking caller), or at once on this thread when it already has. A Work
+// that is no PromiseWork (gloo's send and recv) gets a thread of its own
+// that waits for it. The callback must not throw (a throw is logged and
+// dropped) and should be short: the group's next operation waits for it.
+// torch's futures are completed this way (torch_backend/).
+void when_complete(const WorkHandle& work, std::function<void(std::exception_ptr)> callback);
 
 }  // namespace ctorchrun::dist

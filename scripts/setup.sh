@@ -13,7 +13,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev catch2
   libgloo-dev
   openmpi-bin libopenmpi-dev
-  python3-torch python3-numpy
+  python3-torch python3-numpy libtorch-dev python3-dev pybind11-dev
   iproute2 procps psmisc
   elfutils
   etcd-server etcd-client
