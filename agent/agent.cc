@@ -329,6 +329,8 @@ class ElasticAgent::Impl {
   // and the NUMA nodes whose memory it prefers (empty: memory policy unavailable).
   std::vector<std::vector<int>> numa_memory_;
   std::optional<std::pair<int, int>> torch_version_;
+  // Where the ctorch package is, for the workers' PYTHONPATH; empty for none.
+  std::string ctorch_dir_;
   // torch's agent features (agent/file_timer.h, agent/health_server.h):
   // started by start_torch_agent_features() from the launcher's environment.
   // health_ always exists, so that any part of the agent (the stall
@@ -429,6 +431,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     p.run_id = c_.run_id;
     p.error_file = dir + "/error.json";
     p.torch_version = torch_version_;
+    p.ctorch_package_dir = ctorch_dir_;
 
     worker::WorkerSpec s;
     s.local_rank = lr;
@@ -1439,6 +1442,7 @@ RunResult ElasticAgent::Impl::run() {
     }
   }
   if (!c_.python.empty()) {
+    ctorch_dir_ = worker::ctorch_package_dir("/proc/self/exe").value_or("");
     // Which NCCL variable the workers' torch reads: learned while the
     // rendezvous runs, so that it costs a job no time.
     torch_probe_ = std::async(std::launch::async, [python = c_.python, env = c_.environment] {

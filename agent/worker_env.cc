@@ -29,6 +29,11 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
     env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   }
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (!p.ctorch_package_dir.empty()) {
+    auto [path, added] = env.emplace("PYTHONPATH", p.ctorch_package_dir);
+    // An empty PYTHONPATH adds nothing to sys.path; a set one keeps its entries first.
+    if (!added) path->second += (path->second.empty() ? "" : ":") + p.ctorch_package_dir;
+  }
   return env;
 }
 

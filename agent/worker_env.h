@@ -35,6 +35,10 @@ struct WorkerPlacement {
   // {major, minor} of the torch the workers' Python imports, when known
   // (worker/torch_probe.h); unknown for --no_python.
   std::optional<std::pair<int, int>> torch_version;
+  // The folder holding the ctorch package (torch_backend/), put last on the
+  // workers' PYTHONPATH so that `import ctorch` works; empty for none
+  // (--no_python, or no build of it next to the launcher).
+  std::string ctorch_package_dir;
 };
 
 // `base` plus torchrun's variables, formatted as torchrun formats them
@@ -43,7 +47,8 @@ struct WorkerPlacement {
 // is "1", and so is NCCL_ASYNC_ERROR_HANDLING, the name torch read before 2.2
 // (2.2 deprecated it and warns on every NCCL rank that sees it), unless the
 // workers' torch is known to be 2.2 or later; a value in `base` (the user's)
-// is kept as it is.
+// is kept as it is. PYTHONPATH gains ctorch_package_dir after the user's
+// own entries, which keep their order and win over it.
 std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
                                                     const WorkerPlacement& p);
 

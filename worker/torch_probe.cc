@@ -9,6 +9,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <filesystem>
 #include <vector>
 
 #include "common/error.h"
@@ -110,6 +111,19 @@ std::optional<std::pair<int, int>> major_minor(const std::string& version) {
     }
   }
   return std::pair{parts[0], parts[1]};
+}
+
+std::optional<std::string> ctorch_package_dir(const std::string& launcher) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path bin = fs::canonical(launcher, ec).parent_path();
+  if (ec) return std::nullopt;
+  for (const fs::path& dir : {bin / ".." / "python", bin / ".." / "lib" / "ctorchrun" / "python"}) {
+    if (fs::is_regular_file(dir / "ctorch" / "__init__.py", ec)) {
+      return fs::weakly_canonical(dir, ec).string();
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace ctorchrun::worker

@@ -30,4 +30,10 @@ std::optional<std::string> installed_torch_version(const std::string& python,
 // nullopt when it does not start with two dot-separated numbers.
 std::optional<std::pair<int, int>> major_minor(const std::string& version);
 
+// The folder holding the ctorch package (its ctorch/__init__.py) that was
+// built or installed with the launcher at `launcher` (the path of the
+// running ctorchrun): <bin>/../python in a build tree, else
+// <bin>/../lib/ctorchrun/python once installed; nullopt when neither has it.
+std::optional<std::string> ctorch_package_dir(const std::string& launcher);
+
 }  // namespace ctorchrun::worker
