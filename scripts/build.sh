@@ -15,3 +15,10 @@ elif [ $# -gt 0 ]; then
   cmake -S . -B "$build_dir" "$@"
 fi
 cmake --build "$build_dir" --parallel "$(nproc)"
+# The ctorch backend for torch 2.6 too, built in the Debian 13 root, when
+# this build made the torch 1.13 one and the root has its build packages
+# (CTORCHRUN_TORCH2_BUILD=0 skips it).
+if [ "${CTORCHRUN_TORCH2_BUILD:-1}" != 0 ] && [ -f "$build_dir/python/ctorch/__init__.py" ] &&
+  [ -f "${CTORCHRUN_TORCH2_ROOT:-/var/lib/ctorchrun/torch2-trixie}/.ctorchrun-torch2-build-packages" ]; then
+  BUILD_DIR="$build_dir" scripts/build_torch2.sh
+fi

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Makes a Debian 13 (trixie) root with torch 2.6 (python3-torch, Python 3.13,
 # CPU, gloo) next to the host's torch 1.13, so that the tests also run torch
-# 2.x workers (through scripts/torch2/python, label torch2).
+# 2.x workers (through scripts/torch2/python, label torch2), with what
+# scripts/build_torch2.sh builds the ctorch backend for that torch with.
 #   scripts/setup_torch2.sh        (called by scripts/setup.sh)
 # The root lives outside the repository, so that every clone shares it:
 #   $CTORCHRUN_TORCH2_ROOT, default /var/lib/ctorchrun/torch2-trixie
-# Idempotent: a finished root (its marker file) returns at once. A root left
+# Idempotent: a finished root (its marker files) returns at once; one made
+# before the build packages were needed gets them added. A root left
 # half-made by an interrupted run is removed and made again. Needs root (or
 # sudo), about 6 GB free while it works, and the Debian mirror of this
 # machine's apt sources. Takes 1 to 3 minutes from nothing (mostly downloads).
@@ -14,12 +16,20 @@ set -euo pipefail
 root=${CTORCHRUN_TORCH2_ROOT:-/var/lib/ctorchrun/torch2-trixie}
 marker="$root/.ctorchrun-torch2-complete"
 packages=(python3-torch python3-numpy)
+# What scripts/build_torch2.sh builds the ctorch backend with, inside the
+# root (libctorch_dist again, against the root's spdlog, fmt and gloo, then
+# the extension against its torch). Added to a root made before they were
+# needed too: the build marker lists what was installed.
+build_packages=(g++ cmake ninja-build libtorch-dev python3-dev pybind11-dev libspdlog-dev
+  libfmt-dev libboost-dev libgloo-dev)
+build_marker="$root/.ctorchrun-torch2-build-packages"
 need_kb=$((6 * 1024 * 1024))
 
 say() { echo "setup_torch2: $*"; }
 fail() { echo "setup_torch2: error: $*" >&2; exit 1; }
+complete() { [ -f "$marker" ] && [ "$(cat "$build_marker" 2>/dev/null)" = "${build_packages[*]}" ]; }
 
-if [ -f "$marker" ]; then exit 0; fi
+if complete; then exit 0; fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -50,7 +60,7 @@ $SUDO mkdir -p "$parent"
 $SUDO touch "$root.lock"
 exec 9<"$root.lock"
 flock 9
-if [ -f "$marker" ]; then exit 0; fi
+if complete; then exit 0; fi
 
 # Mounts under the root (proc from an interrupted run) go before anything else.
 unmount_all() {
@@ -59,6 +69,27 @@ unmount_all() {
     $SUDO umount "$m" 2>/dev/null || $SUDO umount -l "$m" || true
   done
 }
+# The build packages, into a finished root (idempotent: apt installs what
+# is missing).
+add_build_packages() {
+  say "installing the build packages in $root: ${build_packages[*]}"
+  trap unmount_all EXIT
+  findmnt -rn -o TARGET | grep -qxF "$root/proc" || $SUDO mount -t proc proc "$root/proc"
+  $SUDO cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+  DEBIAN_FRONTEND=noninteractive $SUDO chroot "$root" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO chroot "$root" \
+    apt-get install -y -qq --no-install-recommends "${build_packages[@]}" >"$root.apt-build.log" 2>&1 ||
+    { tail -20 "$root.apt-build.log" >&2; fail "apt-get install ${build_packages[*]} in $root failed (log: $root.apt-build.log)"; }
+  $SUDO chroot "$root" apt-get clean
+  unmount_all
+  trap - EXIT
+  echo "${build_packages[*]}" | $SUDO tee "$build_marker" >/dev/null
+}
+if [ -f "$marker" ]; then
+  add_build_packages
+  exit 0
+fi
+
 if [ -e "$root" ]; then
   say "$root was left half-made (no marker): removing it and starting again"
   unmount_all
@@ -112,5 +143,6 @@ done
 printf '%s\n' "${dirs[@]}" "$lib" /usr/lib | $SUDO tee "$root/.ctorchrun-torch2-library-path" >/dev/null
 
 echo "torch $version" | $SUDO tee "$marker" >/dev/null
+add_build_packages
 size=$($SUDO du -sh --one-file-system "$root" | cut -f1)
 say "done in $((SECONDS - start)) s: torch $version, $size in $root"

@@ -31,6 +31,7 @@ phase_done "release build"
 # -O1 with line tables: readable sanitizer reports, and much quicker to
 # compile than the Release build's -O3.
 BUILD_DIR=build-asan scripts/build.sh -DCTORCHRUN_WERROR=ON -DCTORCHRUN_SANITIZE=address,undefined \
+  -DCTORCHRUN_TORCH_BACKEND=OFF \
   -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1"
 phase_done "sanitizer build"
 
