@@ -16,6 +16,9 @@ Options:
                              exit), so with a slow monitor interval the
                              launcher may report a peer as the root cause.
     --timeout-s S            process-group timeout (default 60)
+    --backend B              gloo (default) or ctorch, ctorchrun's own runtime
+                             (`import ctorch`; shared memory between ranks of
+                             one host); the final parameters are the same
 
 Epochs are numbered 0..E-1 everywhere: in --fail-once-at-epoch, in the
 checkpoint's `next_epoch`, in result.json's `resumed_from` and in the log lines
@@ -87,6 +90,7 @@ def parse_args(argv):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--fail-once-at-epoch", type=int, default=None, metavar="K")
     p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--backend", choices=["gloo", "ctorch"], default="gloo")
     return p.parse_args(argv)
 
 
@@ -172,7 +176,9 @@ def main(argv=None):
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    if args.backend == "ctorch":
+        import ctorch  # noqa: F401  registers the backend (on the path under ctorchrun)
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
     world = dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -1,6 +1,7 @@
 #include "torch_backend/csrc/process_group_ctorch.h"
 
 #include <ATen/ATen.h>
+#include <Python.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -213,7 +214,17 @@ ProcessGroupCtorch::ProcessGroupCtorch(const GroupOptions& options)
   }
 }
 
-ProcessGroupCtorch::~ProcessGroupCtorch() = default;
+ProcessGroupCtorch::~ProcessGroupCtorch() {
+  // The last reference may go from Python, with the GIL held, while the
+  // group's queue thread completes a Future whose callback needs the GIL (a
+  // DDP comm hook's then()): stopping the group waits for that thread, so
+  // the GIL is let go meanwhile.
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* state = PyEval_SaveThread();
+    group_.reset();
+    PyEval_RestoreThread(state);
+  }
+}
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::broadcast(std::vector<at::Tensor>& tensors,
                                                              const c10d::BroadcastOptions& opts) {
