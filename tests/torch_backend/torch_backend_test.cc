@@ -40,9 +40,10 @@ std::vector<std::string> job(int nproc, const std::vector<std::string>& script) 
 
 }  // namespace
 
-TEST_CASE("ctorch backend: every operation, type and reduction at 1-4 ranks agrees with gloo and "
-          "a float64 reference",
-          "[torch]") {
+TEST_CASE(
+    "ctorch backend: every operation, type and reduction at 1-4 ranks agrees with gloo and "
+    "a float64 reference",
+    "[torch]") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     auto r = run_ctorchrun(job(n, {kHere + "ctorch_ops_worker.py"}), {}, 240s);
@@ -54,13 +55,14 @@ TEST_CASE("ctorch backend: every operation, type and reduction at 1-4 ranks agre
     // One transport line per group, from the group's rank 0: shared memory
     // between ranks of one host (a group of one needs none).
     CHECK(count_of(r.output, n == 1 ? "transport gloo (a group of one rank)"
-                                            : "transport shm (every rank runs on this host)") >= 1);
+                                    : "transport shm (every rank runs on this host)") >= 1);
   }
 }
 
-TEST_CASE("ctorch backend: the demo's DDP script ends with gloo's parameters, bit for bit, at 2 "
-          "ranks",
-          "[torch]") {
+TEST_CASE(
+    "ctorch backend: the demo's DDP script ends with gloo's parameters, bit for bit, at 2 "
+    "ranks",
+    "[torch]") {
   TempDir dir("ctorch-ddp");
   std::map<std::string, std::string> digests;
   for (const std::string backend : {"gloo", "ctorch"}) {
@@ -74,9 +76,10 @@ TEST_CASE("ctorch backend: the demo's DDP script ends with gloo's parameters, bi
   CHECK(digests["ctorch"] == digests["gloo"]);
 }
 
-TEST_CASE("ctorch backend: DDP with a bucket per parameter, unused parameters, no_sync and a comm "
-          "hook matches gloo bit for bit",
-          "[torch]") {
+TEST_CASE(
+    "ctorch backend: DDP with a bucket per parameter, unused parameters, no_sync and a comm "
+    "hook matches gloo bit for bit",
+    "[torch]") {
   std::map<std::string, std::string> digests;
   for (const std::string backend : {"gloo", "ctorch"}) {
     auto r = run_ctorchrun(job(2, {kHere + "ddp_buckets_worker.py", "--backend", backend}));
@@ -88,12 +91,13 @@ TEST_CASE("ctorch backend: DDP with a bucket per parameter, unused parameters, n
   CHECK(digests["ctorch"] == digests["gloo"]);
 }
 
-TEST_CASE("ctorch backend: a rank SIGKILLed mid-all_reduce fails the others within 2 s, naming "
-          "it, and the job restarts",
-          "[torch]") {
+TEST_CASE(
+    "ctorch backend: a rank SIGKILLed mid-all_reduce fails the others within 2 s, naming "
+    "it, and the job restarts",
+    "[torch]") {
   TempDir dir("ctorch-kill");
-  auto r = run_ctorchrun(concat(job(3, {}), {"--max_restarts=1", kHere + "ctorch_fault_worker.py",
-                                             "--workdir", dir.path}));
+  auto r = run_ctorchrun(concat(
+      job(3, {}), {"--max_restarts=1", kHere + "ctorch_fault_worker.py", "--workdir", dir.path}));
   INFO(r.output);
   CHECK(r.exit_code == 0);  // attempt 1 succeeded
   CHECK(r.output.find("failed with signal 9 (SIGKILL)") != std::string::npos);
@@ -123,9 +127,10 @@ TEST_CASE("ctorch backend: two subgroups at once, and two jobs at once on one ho
   CHECK(out_b.find("groups ok 2") != std::string::npos);
 }
 
-TEST_CASE("ctorch backend: under ctorchrun a worker imports ctorch with nothing installed, the "
-          "user's PYTHONPATH first",
-          "[torch]") {
+TEST_CASE(
+    "ctorch backend: under ctorchrun a worker imports ctorch with nothing installed, the "
+    "user's PYTHONPATH first",
+    "[torch]") {
   TempDir dir("ctorch-path");
   std::ofstream(dir.file("probe.py"))
       << "import sys, ctorch\n"
@@ -138,9 +143,10 @@ TEST_CASE("ctorch backend: under ctorchrun a worker imports ctorch with nothing 
   CHECK(r.output.find("user first") != std::string::npos);
 }
 
-TEST_CASE("ctorch backend: a torch with no matching build gets an ImportError naming the builds "
-          "there are",
-          "[torch]") {
+TEST_CASE(
+    "ctorch backend: a torch with no matching build gets an ImportError naming the builds "
+    "there are",
+    "[torch]") {
   TempDir dir("ctorch-nobuild");
   std::filesystem::create_directories(dir.file("ctorch"));
   std::filesystem::copy_file(CTORCHRUN_PYTHON_PACKAGE_DIR "/ctorch/__init__.py",

@@ -75,15 +75,23 @@ struct Staging {
 
 DataType data_type(const at::Tensor& t, const char* op) {
   switch (t.scalar_type()) {
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kChar: return DataType::kInt8;
+    case at::kFloat:
+      return DataType::kFloat32;
+    case at::kDouble:
+      return DataType::kFloat64;
+    case at::kHalf:
+      return DataType::kFloat16;
+    case at::kBFloat16:
+      return DataType::kBFloat16;
+    case at::kChar:
+      return DataType::kInt8;
     case at::kByte:
-    case at::kBool: return DataType::kUInt8;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
+    case at::kBool:
+      return DataType::kUInt8;
+    case at::kInt:
+      return DataType::kInt32;
+    case at::kLong:
+      return DataType::kInt64;
     default:
       TORCH_CHECK(false, "ctorch: ", op, " does not support tensors of ", t.scalar_type(),
                   "; it takes float32, float64, float16, bfloat16, int8, uint8, int32, int64 "
@@ -95,8 +103,7 @@ void check_tensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.defined(), "ctorch: ", op, " got an undefined tensor");
   TORCH_CHECK(t.device().is_cpu(), "ctorch: ", op, " takes CPU tensors, not ", t.device(),
               " (use nccl for CUDA tensors: init_process_group(\"cpu:ctorch,cuda:nccl\"))");
-  TORCH_CHECK(t.layout() == at::kStrided, "ctorch: ", op, " takes dense tensors, not ",
-              t.layout());
+  TORCH_CHECK(t.layout() == at::kStrided, "ctorch: ", op, " takes dense tensors, not ", t.layout());
   data_type(t, op);
 }
 
@@ -121,27 +128,30 @@ at::Tensor contiguous(const at::Tensor& t, bool written, Staging& staging) {
 }
 
 Buffer buffer_of(const at::Tensor& t, const char* op) {
-  return Buffer{t.numel() > 0 ? t.data_ptr() : nullptr, static_cast<size_t>(t.numel()),
-                data_type(t, op), {}};
+  return Buffer{
+      t.numel() > 0 ? t.data_ptr() : nullptr, static_cast<size_t>(t.numel()), data_type(t, op), {}};
 }
 
 ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* name) {
   const bool boolean = t.scalar_type() == at::kBool;
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
-      TORCH_CHECK(!boolean, "ctorch: ", name, " cannot SUM bool tensors; use MAX (or) or MIN (and)");
+      TORCH_CHECK(!boolean, "ctorch: ", name,
+                  " cannot SUM bool tensors; use MAX (or) or MIN (and)");
       return ReduceOp::kSum;
     case c10d::ReduceOp::AVG:
       TORCH_CHECK(at::isFloatingType(t.scalar_type()), "ctorch: ", name,
                   " averages floating tensors only, not ", t.scalar_type(),
                   "; reduce with SUM and divide");
       return ReduceOp::kAverage;
-    case c10d::ReduceOp::PRODUCT: return ReduceOp::kProduct;
-    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
-    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case c10d::ReduceOp::PRODUCT:
+      return ReduceOp::kProduct;
+    case c10d::ReduceOp::MIN:
+      return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return ReduceOp::kMax;
     default:
-      TORCH_CHECK(false, "ctorch: ", name, " does not support reduce op ",
-                  static_cast<int>(op.op_),
+      TORCH_CHECK(false, "ctorch: ", name, " does not support reduce op ", static_cast<int>(op.op_),
                   " (BAND, BOR, BXOR and PREMUL_SUM); it offers SUM, AVG, PRODUCT, MIN, MAX");
   }
 }
@@ -194,18 +204,17 @@ std::string transport_reason(const std::string& transport, int size) {
 ProcessGroupCtorch::ProcessGroupCtorch(const GroupOptions& options)
     : BackendBase(options.rank, options.size) {
   TORCH_CHECK(options.store, "ctorch: no store to build the process group on");
-  auto store = std::make_shared<store::PrefixStore>(
-      kKeyPrefix, std::make_shared<TorchStore>(options.store));
+  auto store =
+      std::make_shared<store::PrefixStore>(kKeyPrefix, std::make_shared<TorchStore>(options.store));
   dist::InitOptions init;
   init.timeout = options.timeout;
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const std::string key = "torch/attempt_" + std::string(attempt ? attempt : "0") + "/group_" +
-                          options.group_id;
+  const std::string key =
+      "torch/attempt_" + std::string(attempt ? attempt : "0") + "/group_" + options.group_id;
   try {
     group_ = dist::join_process_group(store, options.rank, options.size, key, init);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "ctorch: process group '", options.group_id, "' set-up failed: ",
-                e.what());
+    TORCH_CHECK(false, "ctorch: process group '", options.group_id, "' set-up failed: ", e.what());
   }
   if (options.rank == 0) {
     get_logger("coll")->info("ctorch process group '{}' of {} rank(s): transport {} ({})",
@@ -306,9 +315,8 @@ at::Tensor stage_parts(const std::vector<at::Tensor>& parts, const at::Tensor& l
     const at::Tensor& part = parts[static_cast<size_t>(r)];
     check_tensor(part, name);
     TORCH_CHECK(part.numel() == like.numel() && part.scalar_type() == like.scalar_type(),
-                "ctorch: ", name, ": tensor ", r, " holds ", part.numel(), " ",
-                part.scalar_type(), ", every one must hold ", like.numel(), " ",
-                like.scalar_type());
+                "ctorch: ", name, ": tensor ", r, " holds ", part.numel(), " ", part.scalar_type(),
+                ", every one must hold ", like.numel(), " ", like.scalar_type());
     at::Tensor slot = flat.narrow(0, r * like.numel(), like.numel());
     if (fill) {
       slot.copy_(part.reshape({-1}));
@@ -365,8 +373,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::gather(
     flat = stage_parts(outputs[0], input, getSize(), name, false, staging);
     results = outputs[0];
   } else {
-    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "ctorch: ",
-                name, " takes output tensors on the root only");
+    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "ctorch: ", name,
+                " takes output tensors on the root only");
   }
   return launch(c10d::OpType::GATHER, name, results, std::move(staging), [&] {
     return group_->gather_async(buffer_of(in, name),
@@ -441,8 +449,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::alltoall_base(
     }
     return true;
   };
-  TORCH_CHECK(even(output_split_sizes, output) && even(input_split_sizes, input), "ctorch: ",
-              name, " with uneven split sizes is not supported; pass equal splits (or none)");
+  TORCH_CHECK(even(output_split_sizes, output) && even(input_split_sizes, input), "ctorch: ", name,
+              " with uneven split sizes is not supported; pass equal splits (or none)");
   Staging staging;
   at::Tensor in = contiguous(input, false, staging);
   at::Tensor out = contiguous(output, true, staging);
@@ -472,8 +480,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::barrier(const c10d::BarrierOp
                 [&] { return group_->barrier_async(op_timeout(opts.timeout)); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::send(std::vector<at::Tensor>& tensors,
-                                                        int dst, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::send(std::vector<at::Tensor>& tensors, int dst,
+                                                        int tag) {
   const char* name = "send";
   const at::Tensor& t = single(tensors, name);
   Staging staging;
@@ -482,8 +490,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::send(std::vector<at::Tensor>&
                 [&] { return group_->send_async(buffer_of(data, name), dst, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::recv(std::vector<at::Tensor>& tensors,
-                                                        int src, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::recv(std::vector<at::Tensor>& tensors, int src,
+                                                        int tag) {
   const char* name = "recv";
   const at::Tensor& t = single(tensors, name);
   Staging staging;

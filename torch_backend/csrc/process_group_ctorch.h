@@ -25,8 +25,9 @@
 // carry the operation's error: a peer that died is an IoError's message
 // naming it, within about a second on one host.
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -103,10 +104,8 @@ class ProcessGroupCtorch : public BackendBase {
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
-                                      int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
-                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
 
  private:
   std::shared_ptr<dist::ProcessGroup> group_;

@@ -16,9 +16,8 @@
 // store (TCPStore serialises its requests). interrupt() does nothing: calls
 // end at their timeouts.
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "store/store.h"
