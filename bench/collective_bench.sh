@@ -9,7 +9,10 @@
 #   shm-nocma  shm with CTORCHRUN_DIST_SHM_CMA=0 (the default, said
 #          explicitly; not in the default set)
 #   torch  torch.distributed with gloo (bench/collective_bench_torch.py;
-#          all_reduce, broadcast, all_gather only)
+#          all_reduce, broadcast, all_gather, reduce_scatter, barrier)
+#   ctorch torch.distributed with ctorchrun's own backend (the same script,
+#          --backend ctorch: torch_backend/, `import ctorch`; not in the
+#          default set: SYSTEMS="ctorch torch" compares the two)
 #   mpi    Open MPI (build/bin/ctorch-mpi-bench under mpirun --oversubscribe
 #          --allow-run-as-root; built when CMake finds MPI)
 # For each repetition, world size and op, the four sweep every size in turn,
@@ -68,10 +71,12 @@ for rep in $(seq 1 "$reps"); do
           gloo) ours 0 "$n" "$op" ;;
           shm-nocma) ours 1 "$n" "$op" 0 ;;
           shm-cma) ours 1 "$n" "$op" 1 ;;
-          torch)
-            case $op in all_reduce | broadcast | all_gather) ;; *) continue ;; esac
+          torch | ctorch)
+            case $op in all_reduce | broadcast | all_gather | reduce_scatter | barrier) ;; *) continue ;; esac
+            tb=$backend
+            if [ "$who" = ctorch ]; then tb=ctorch; fi
             build/bin/ctorchrun --nproc_per_node="$n" --master_port="$(port)" \
-              bench/collective_bench_torch.py --backend "$backend" --op "$op" --min-bytes "$min" \
+              bench/collective_bench_torch.py --backend "$tb" --op "$op" --min-bytes "$min" \
               --max-bytes "$max" --json 2>/dev/null
             ;;
           mpi)
@@ -112,7 +117,8 @@ def median(rows):
 for op, world in dict.fromkeys((k[0], k[1]) for k in times):
     print(f"\n{op}, {world} ranks (median of the repetitions; busbw in GB/s, algbw where busbw is 0)\n")
     head = ["size"] + [f"{s} us" for s in systems] + [f"{s} busbw" for s in systems]
-    ratios = [("shm", "mpi"), ("shm", "torch")]
+    ratios = [("shm", "mpi"), ("shm", "torch")] if "shm" in systems else []
+    if "ctorch" in systems: ratios += [("ctorch", "torch")] + ([("ctorch", "shm")] if "shm" in systems else [])
     if "shm-nocma" in systems: ratios.append(("shm-nocma", "torch"))
     if "shm-cma" in systems: ratios.append(("shm-cma", "shm"))
     head += [f"{a}/{b}" for a, b in ratios]
@@ -125,6 +131,11 @@ for op, world in dict.fromkeys((k[0], k[1]) for k in times):
         cells += [f"{m[s][0]:.1f}" if s in m else "-" for s in systems]
         cells += [f"{m[s][1]:.3f}" if s in m else "-" for s in systems]
         for a, c in ratios:
-            cells.append(f"{m[a][1] / m[c][1]:.2f}x" if a in m and c in m and m[c][1] > 0 else "-")
+            if a in m and c in m and m[c][1] > 0:
+                cells.append(f"{m[a][1] / m[c][1]:.2f}x")
+            elif a in m and c in m and m[a][0] > 0:  # no bandwidth (barrier): time ratio
+                cells.append(f"{m[c][0] / m[a][0]:.2f}x")
+            else:
+                cells.append("-")
         print("| " + " | ".join(cells) + " |")
 PY

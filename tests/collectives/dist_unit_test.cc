@@ -4,14 +4,17 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/checkpoint.h"
@@ -376,4 +379,65 @@ TEST_CASE(
   REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
   CHECK(now.sa_handler == mine.sa_handler);
   ::sigaction(SIGPIPE, &saved, nullptr);
+}
+
+TEST_CASE("dist work: when_complete runs on the completing thread, or at once when done",
+          "[unit]") {
+  auto work = std::make_shared<dist::PromiseWork>("an op");
+  std::vector<std::string> seen;
+  dist::when_complete(work, [&](std::exception_ptr e) { seen.push_back(e ? "error" : "first"); });
+  dist::when_complete(work, [&](std::exception_ptr e) { seen.push_back(e ? "error" : "second"); });
+  CHECK(seen.empty());
+  std::thread finisher([&] { work->finish(nullptr); });
+  finisher.join();
+  CHECK(seen == std::vector<std::string>{"first", "second"});
+  // Registered after completion: runs at once, here.
+  dist::when_complete(work, [&](std::exception_ptr e) { seen.push_back(e ? "error" : "late"); });
+  CHECK(seen.back() == "late");
+  // A throwing callback is dropped (and logged); the others still run.
+  auto failed = std::make_shared<dist::PromiseWork>("a failing op");
+  std::string what;
+  dist::when_complete(failed, [](std::exception_ptr) { throw std::runtime_error("bug"); });
+  dist::when_complete(failed, [&](std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const ctorchrun::IoError& err) {
+      what = err.what();
+    }
+  });
+  failed->finish(std::make_exception_ptr(ctorchrun::IoError("peer died")));
+  CHECK(what == "peer died");
+}
+
+TEST_CASE("dist work: when_complete waits on a thread of its own for a Work that is no PromiseWork",
+          "[unit]") {
+  struct SlowWork : dist::Work {
+    std::atomic<bool> done{false};
+    void wait() override {
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    void wait(std::chrono::milliseconds) override { wait(); }
+    bool is_completed() override { return done; }
+  };
+  auto work = std::make_shared<SlowWork>();
+  std::promise<std::thread::id> ran;
+  dist::when_complete(work, [&](std::exception_ptr) { ran.set_value(std::this_thread::get_id()); });
+  auto result = ran.get_future();
+  CHECK(result.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+  work->done = true;
+  REQUIRE(result.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  CHECK(result.get() != std::this_thread::get_id());
+}
+
+TEST_CASE("dist process group: join_process_group builds a group over a store as given", "[unit]") {
+  auto store = std::make_shared<ctorchrun::store::HashStore>();
+  auto pg = dist::join_process_group(store, 0, 1, "torch/group_7");
+  CHECK(pg->rank() == 0);
+  CHECK(pg->size() == 1);
+  CHECK(store->check({"arrived/0"}));  // its keys go straight into the given store
+  std::vector<float> data{1.5f, 2.5f};
+  pg->all_reduce(dist::make_buffer(data.data(), data.size()), dist::ReduceOp::kAverage);
+  CHECK(data == std::vector<float>{1.5f, 2.5f});
+  CHECK_THROWS_AS(dist::join_process_group(store, 1, 1, "bad"), ctorchrun::ConfigError);
+  CHECK_THROWS_AS(dist::join_process_group(nullptr, 0, 1, "none"), ctorchrun::ConfigError);
 }

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "tests/launcher/launcher_support.h"
+#include "tests/support/netns_pair.h"
 
 using namespace ctorchrun::testing;
 using namespace std::chrono_literals;
@@ -159,4 +160,42 @@ TEST_CASE(
   CHECK(p.exit_code(10s) == 1);
   CHECK(out.find("ImportError: ctorch has no build for torch") != std::string::npos);
   CHECK(out.find("(built for: 0.1)") != std::string::npos);
+}
+
+TEST_CASE(
+    "ctorch backend: two nodes over network namespaces run every operation on the "
+    "hierarchical path",
+    "[netns]") {
+  NetnsPair net;
+  REQUIRE(net.ok);
+  // Each node its own segment directory: two hosts to libctorch_dist.
+  TempDir shm_a("ctorch-hosta"), shm_b("ctorch-hostb");
+  const std::string port = std::to_string(free_port());
+  auto node = [&](int rank, const std::string& ns, const std::string& ifname,
+                  const std::string& shm_dir) {
+    std::vector<std::string> argv = {CTORCHRUN_BIN,
+                                     "--nnodes=2",
+                                     "--node_rank=" + std::to_string(rank),
+                                     "--nproc_per_node=2",
+                                     "--master_addr=" + net.addr_a,
+                                     "--master_port=" + port,
+                                     "--rdzv_conf=timeout=60",
+                                     kHere + "ctorch_ops_worker.py",
+                                     "--transport",
+                                     "hier"};
+    return std::make_unique<Process>(
+        net.in(ns, argv),
+        std::map<std::string, std::string>{{"CTORCHRUN_PYTHON", test_python()},
+                                           {"GLOO_SOCKET_IFNAME", ifname},
+                                           {"CTORCHRUN_DIST_SHM_DIR", shm_dir}},
+        /*capture_stderr=*/true);
+  };
+  auto n0 = node(0, net.a, net.if_a, shm_a.path);
+  auto n1 = node(1, net.b, net.if_b, shm_b.path);
+  const std::string out0 = n0->read_all(240s), out1 = n1->read_all(240s);
+  INFO("node0:\n" << out0 << "\nnode1:\n" << out1);
+  CHECK(n0->exit_code(10s) == 0);
+  CHECK(n1->exit_code(10s) == 0);
+  CHECK(count_of(out0 + out1, " checks, 0 failed") == 4);
+  CHECK(out0.find("transport hier (ranks on several hosts") != std::string::npos);
 }
