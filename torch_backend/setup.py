@@ -1,6 +1,6 @@
 """Builds and installs the ctorch backend against the torch of the Python that runs it.
 
-    python3 -m venv --system-site-packages ~/venv        # sees Debian's torch
+    /usr/bin/python3 -m venv --system-site-packages ~/venv   # sees Debian's torch
     ~/venv/bin/pip install --no-build-isolation --no-index ./torch_backend
 
 (run from a ctorchrun checkout). It configures the checkout with CMake in

@@ -3,8 +3,9 @@
     ctorch_fault_worker.py --workdir DIR
 
 Attempt 0 (TORCHELASTIC_RESTART_COUNT=0): every rank all_reduces 1 MiB in a
-loop; rank 1 writes the time into DIR/killed and SIGKILLs itself after 50
-calls. Every other rank catches the error of its next call and writes, into
+loop (rank 0 waits on each call's Future, the others on its Work); rank 1
+writes the time into DIR/killed and SIGKILLs itself after 50 calls. Every
+other rank catches the error of its next call and writes, into
 DIR/survivor_<rank>, a JSON line with the seconds from the kill to the error
 and the error's text, then exits 1. SIGTERM from the launcher (which stops
 the survivors once it sees the death) is held until then: the measure is the
@@ -48,7 +49,10 @@ def main():
                 f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            dist.all_reduce(t)
+            if rank == 0:
+                dist.all_reduce(t, async_op=True).get_future().wait()
+            else:
+                dist.all_reduce(t)
         except RuntimeError as e:
             now = time.time()
             killed = float(open(os.path.join(a.workdir, "killed")).read())

@@ -13,6 +13,7 @@ raise. Each rank prints "FAIL ..." lines and exits 1 on any failure, else
 prints "ctorch ops: N checks passed".
 """
 import datetime
+import inspect
 import sys
 import time
 import warnings
@@ -224,6 +225,37 @@ def coalesced_cases(rank, world):
         same(f"all_reduce_coalesced[{i}]", tensors[i], want, tolerance(torch.float32, R.SUM, world))
 
 
+def coalesced_gather_cases(rank, world):
+    ins = [make(torch.float32, rank, n, f"agc{n}") for n in (3, 8)]
+    outs = [[torch.empty(n) for _ in range(world)] for n in (3, 8)]
+    dist.all_gather_coalesced(outs, ins)
+    for i, n in enumerate((3, 8)):
+        for r in range(world):
+            same(f"all_gather_coalesced[{i}] from {r}", outs[i][r], make(torch.float32, r, n, f"agc{n}"))
+    manager = getattr(dist.distributed_c10d, "_coalescing_manager", None)
+    if manager is None or "async_ops" not in inspect.signature(manager).parameters:
+        return  # torch 1.13: no coalescing of the tensor forms
+    # torch 2.x's coalescing manager (as FSDP uses it): one call per kind.
+    gathered = [torch.empty(n * world) for n in (3, 8)]
+    with manager(async_ops=True) as cm:
+        for out, inp in zip(gathered, ins):
+            dist.all_gather_into_tensor(out, inp)
+    cm.wait()
+    for i, n in enumerate((3, 8)):
+        want = torch.cat([make(torch.float32, r, n, f"agc{n}") for r in range(world)])
+        same(f"coalesced all_gather_into_tensor[{i}]", gathered[i], want)
+    sources = [make(torch.float32, rank, n * world, f"rsc{n}") for n in (3, 8)]
+    scattered = [torch.empty(n) for n in (3, 8)]
+    with manager(async_ops=True) as cm:
+        for out, inp in zip(scattered, sources):
+            dist.reduce_scatter_tensor(out, inp, op=R.MAX)
+    cm.wait()
+    for i, n in enumerate((3, 8)):
+        full = reference([make(torch.float32, r, n * world, f"rsc{n}") for r in range(world)], R.MAX,
+                         torch.float32)
+        same(f"coalesced reduce_scatter_tensor[{i}]", scattered[i], full[rank * n:(rank + 1) * n])
+
+
 def noncontiguous_cases(rank, world):
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6) + rank
     view = base.t()  # not contiguous: reduced, then written back through the view
@@ -319,6 +351,7 @@ def main():
     reduce_scatter_cases(gloo, rank, world)
     movement_cases(gloo, rank, world)
     coalesced_cases(rank, world)
+    coalesced_gather_cases(rank, world)
     noncontiguous_cases(rank, world)
     async_cases(rank, world)
     error_cases(rank, world)

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <exception>
+#include <functional>
+#include <mutex>
 #include <utility>
 
 #include "common/error.h"
@@ -160,34 +162,59 @@ milliseconds op_timeout(milliseconds given) {
   return given.count() < 0 ? dist::kGroupTimeout : given;
 }
 
-// Runs `start` (which queues the operation in libctorch_dist), then returns
-// torch's Work, completed with `outputs` once the operation and the copies
-// back are done. libctorch_dist's errors in `start` (a bad call) become
-// c10::Error, a RuntimeError in Python.
-template <typename Start>
-c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* name,
-                                      std::vector<at::Tensor> outputs, Staging staging,
-                                      Start&& start) {
-  WorkHandle handle;
+using Start = std::function<WorkHandle()>;
+
+// Runs each of `starts` (each queues one operation in libctorch_dist), then
+// returns torch's Work, completed with `outputs` once every operation and
+// the copies back are done, with the first error if any failed.
+// libctorch_dist's errors in a start (a bad call) become c10::Error, a
+// RuntimeError in Python; operations queued before it still run.
+c10::intrusive_ptr<c10d::Work> launch_all(c10d::OpType type, const char* name,
+                                          std::vector<at::Tensor> outputs, Staging staging,
+                                          const std::vector<Start>& starts) {
+  std::vector<WorkHandle> handles;
   try {
-    handle = start();
+    for (const auto& start : starts) handles.push_back(start());
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "ctorch: ", e.what());
   }
   auto work = c10::make_intrusive<CtorchWork>(type, name, std::move(outputs));
-  dist::when_complete(handle, [work, staging = std::move(staging)](std::exception_ptr error) {
-    if (!error) {
+  struct Pending {
+    std::mutex mutex;
+    size_t left;
+    std::exception_ptr error;
+    Staging staging;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->left = handles.size();
+  pending->staging = std::move(staging);
+  auto done = [work, pending](std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(pending->mutex);
+      if (error && !pending->error) pending->error = error;
+      if (--pending->left > 0) return;
+    }
+    // The last one: every operation has ended, nothing else touches pending.
+    if (!pending->error) {
       try {
-        for (const auto& [destination, source] : staging.copy_back) destination.copy_(source);
+        for (const auto& [to, from] : pending->staging.copy_back) to.copy_(from);
       } catch (...) {
-        error = std::current_exception();
+        pending->error = std::current_exception();
       }
     }
-    work->complete(error);
-  });
+    pending->staging = Staging{};
+    work->complete(pending->error);
+  };
+  for (const auto& handle : handles) dist::when_complete(handle, done);
   return work;
+}
+
+c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* name,
+                                      std::vector<at::Tensor> outputs, Staging staging,
+                                      const Start& start) {
+  return launch_all(type, name, std::move(outputs), std::move(staging), {start});
 }
 
 std::string transport_reason(const std::string& transport, int size) {
@@ -281,7 +308,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allreduce_coalesced(
     staging.copy_back.emplace_back(t, joined.narrow(0, offset, t.numel()).view(t.sizes()));
     offset += t.numel();
   }
-  return launch(c10d::OpType::ALLREDUCE, name, tensors, std::move(staging), [&] {
+  return launch(c10d::OpType::ALLREDUCE_COALESCED, name, tensors, std::move(staging), [&] {
     return group_->all_reduce_async(buffer_of(joined, name), op, op_timeout(opts.timeout));
   });
 }
@@ -357,6 +384,67 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::_allgather_base(
                                     op_timeout(opts.timeout));
   });
 }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* name = "allgather_coalesced";
+  TORCH_CHECK(outputs.size() == inputs.size(), "ctorch: ", name, " takes an output list per input");
+  Staging staging;
+  std::vector<Start> starts;
+  std::vector<at::Tensor> results;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], name);
+    at::Tensor in = contiguous(inputs[i], false, staging);
+    at::Tensor flat = stage_parts(outputs[i], inputs[i], getSize(), name, false, staging);
+    results.insert(results.end(), outputs[i].begin(), outputs[i].end());
+    starts.push_back([this, in, flat, name, timeout = op_timeout(opts.timeout)] {
+      return group_->all_gather_async(buffer_of(in, name), buffer_of(flat, name), timeout);
+    });
+  }
+  return launch_all(c10d::OpType::ALLGATHER_COALESCED, name, results, std::move(staging), starts);
+}
+
+#if TORCH_VERSION_MAJOR >= 2
+c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* name = "allgather_into_tensor_coalesced";
+  TORCH_CHECK(outputs.size() == inputs.size(), "ctorch: ", name, " takes an output per input");
+  Staging staging;
+  std::vector<Start> starts;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], name);
+    check_tensor(outputs[i], name);
+    at::Tensor in = contiguous(inputs[i], false, staging);
+    at::Tensor out = contiguous(outputs[i], true, staging);
+    starts.push_back([this, in, out, name, timeout = op_timeout(opts.timeout)] {
+      return group_->all_gather_async(buffer_of(in, name), buffer_of(out, name), timeout);
+    });
+  }
+  return launch_all(c10d::OpType::COALESCED, name, outputs, std::move(staging), starts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter_tensor_coalesced";
+  TORCH_CHECK(outputs.size() == inputs.size(), "ctorch: ", name, " takes an output per input");
+  Staging staging;
+  std::vector<Start> starts;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], name);
+    check_tensor(outputs[i], name);
+    const ReduceOp op = reduce_op(opts.reduceOp, outputs[i], name);
+    at::Tensor in = contiguous(inputs[i], false, staging);
+    at::Tensor out = contiguous(outputs[i], true, staging);
+    starts.push_back([this, in, out, op, name, timeout = op_timeout(opts.timeout)] {
+      return group_->reduce_scatter_async(buffer_of(in, name), buffer_of(out, name), op, timeout);
+    });
+  }
+  return launch_all(c10d::OpType::COALESCED, name, outputs, std::move(staging), starts);
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
