@@ -24,6 +24,10 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 id=$(pwd -P | sha256sum | cut -c1-12)
 work=/var/tmp/ctorchrun-torch2-$id
+# Clones come and go (CI clones afresh each run): their builds, untouched
+# for three days, go.
+$SUDO find "$root/var/tmp" -maxdepth 1 -name 'ctorchrun-torch2-*' ! -name "ctorchrun-torch2-$id" \
+  -mtime +3 -exec rm -rf {} + 2>/dev/null || true
 $SUDO mkdir -p "$root$work/src"
 tar -c CMakeLists.txt common store collectives torch_backend | $SUDO tar -x -C "$root$work/src"
 jobs=$(nproc)
