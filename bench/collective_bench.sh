@@ -68,27 +68,31 @@ for rep in $(seq 1 "$reps"); do
       for who in $systems; do
         case $who in
           shm | ours)
-            if [ "$op" = barrier ]; then continue; fi # ctorch-collective-bench has no barrier
-            ours 1 "$n" "$op"
+            # ctorch-collective-bench has no barrier. (This case runs in the
+            # pipeline's subshell: `continue` would not reach the loop.)
+            if [ "$op" != barrier ]; then ours 1 "$n" "$op"; fi
             ;;
           gloo) ours 0 "$n" "$op" ;;
           shm-nocma) ours 1 "$n" "$op" 0 ;;
           shm-cma) ours 1 "$n" "$op" 1 ;;
           torch | ctorch)
-            case $op in all_reduce | broadcast | all_gather | reduce_scatter | barrier) ;; *) continue ;; esac
             tb=$backend
             if [ "$who" = ctorch ]; then tb=ctorch; fi
-            build/bin/ctorchrun --nproc_per_node="$n" --master_port="$(port)" \
-              bench/collective_bench_torch.py --backend "$tb" --op "$op" --min-bytes "$min" \
-              --max-bytes "$max" --json 2>/dev/null
+            case $op in
+              all_reduce | broadcast | all_gather | reduce_scatter | barrier)
+                build/bin/ctorchrun --nproc_per_node="$n" --master_port="$(port)" \
+                  bench/collective_bench_torch.py --backend "$tb" --op "$op" --min-bytes "$min" \
+                  --max-bytes "$max" --json 2>/dev/null
+                ;;
+            esac
             ;;
           mpi)
             if [ ! -x build/bin/ctorch-mpi-bench ] || ! command -v mpirun >/dev/null; then
               echo "collective_bench: no MPI (install openmpi-bin libopenmpi-dev, rebuild)" >&2
-              continue
+            else
+              mpirun --oversubscribe --allow-run-as-root -np "$n" build/bin/ctorch-mpi-bench \
+                --op "$op" --min-bytes "$min" --max-bytes "$max" 2>/dev/null
             fi
-            mpirun --oversubscribe --allow-run-as-root -np "$n" build/bin/ctorch-mpi-bench \
-              --op "$op" --min-bytes "$min" --max-bytes "$max" 2>/dev/null
             ;;
         esac | sed "s/^/$who /" | tee -a "$out"
       done

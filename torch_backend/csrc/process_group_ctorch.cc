@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -68,12 +69,80 @@ class CtorchWork : public c10d::Work {
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+}  // namespace
+
+// Byte buffers for staging, kept for the group's next calls: a fresh buffer
+// of many MiB costs a page fault for every 4 KiB on first touch, which took
+// longer than the copies themselves (an all_gather of 16 MiB into a list,
+// 2 ranks: 7x the time of the same call into one tensor). At most kKeep
+// buffers, kMaxBytes each, are kept; thread-safe.
+class StagingPool {
+ public:
+  // A contiguous 1-D tensor of `numel` elements of `dtype`, from a kept
+  // buffer when one is large enough; give its buffer back with release().
+  std::pair<at::Tensor, at::Tensor> acquire(int64_t numel, at::ScalarType dtype) {
+    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    at::Tensor buffer;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->numel() >= bytes) {
+          buffer = *it;
+          free_.erase(it);
+          break;
+        }
+      }
+    }
+    if (!buffer.defined()) buffer = at::empty({std::max<int64_t>(bytes, 1)}, at::kByte);
+    return {buffer.narrow(0, 0, bytes).view(dtype), buffer};
+  }
+
+  void release(const at::Tensor& buffer) {
+    if (buffer.numel() > kMaxBytes) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(buffer);
+    if (free_.size() > kKeep) {  // drop the smallest
+      auto smallest =
+          std::min_element(free_.begin(), free_.end(),
+                           [](const auto& a, const auto& b) { return a.numel() < b.numel(); });
+      free_.erase(smallest);
+    }
+  }
+
+ private:
+  static constexpr size_t kKeep = 4;
+  static constexpr int64_t kMaxBytes = int64_t{256} << 20;
+  std::mutex mutex_;
+  std::vector<at::Tensor> free_;
+};
+
+namespace {
+
 // What one call keeps alive until it ends, and copies back after success
-// (from a contiguous staging tensor into the caller's).
+// (from a contiguous staging tensor into the caller's); its pooled buffers
+// go back to the pool once it has ended.
 struct Staging {
   std::vector<at::Tensor> keep;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (destination, source)
+  std::shared_ptr<StagingPool> pool;
+  std::vector<at::Tensor> pooled;
+
+  at::Tensor take(int64_t numel, at::ScalarType dtype) {
+    auto [tensor, buffer] = pool->acquire(numel, dtype);
+    pooled.push_back(buffer);
+    return tensor;
+  }
+  void give_back() {
+    for (const auto& buffer : pooled) pool->release(buffer);
+    pooled.clear();
+  }
 };
+
+Staging staged_by(const std::shared_ptr<StagingPool>& pool) {
+  Staging staging;
+  staging.pool = pool;
+  return staging;
+}
 
 DataType data_type(const at::Tensor& t, const char* op) {
   switch (t.scalar_type()) {
@@ -204,6 +273,7 @@ c10::intrusive_ptr<c10d::Work> launch_all(c10d::OpType type, const char* name,
         pending->error = std::current_exception();
       }
     }
+    pending->staging.give_back();
     pending->staging = Staging{};
     work->complete(pending->error);
   };
@@ -229,7 +299,7 @@ std::string transport_reason(const std::string& transport, int size) {
 }  // namespace
 
 ProcessGroupCtorch::ProcessGroupCtorch(const GroupOptions& options)
-    : BackendBase(options.rank, options.size) {
+    : BackendBase(options.rank, options.size), pool_(std::make_shared<StagingPool>()) {
   TORCH_CHECK(options.store, "ctorch: no store to build the process group on");
   auto store =
       std::make_shared<store::PrefixStore>(kKeyPrefix, std::make_shared<TorchStore>(options.store));
@@ -267,7 +337,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::broadcast(std::vector<at::Ten
   const char* name = "broadcast";
   const at::Tensor& t = single(tensors, name);
   TORCH_CHECK(opts.rootTensor == 0, "ctorch: ", name, " takes one tensor per process");
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor data = contiguous(t, true, staging);
   return launch(c10d::OpType::BROADCAST, name, tensors, std::move(staging), [&] {
     return group_->broadcast_async(buffer_of(data, name), static_cast<int>(opts.rootRank),
@@ -280,7 +350,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allreduce(std::vector<at::Ten
   const char* name = "allreduce";
   const at::Tensor& t = single(tensors, name);
   const ReduceOp op = reduce_op(opts.reduceOp, t, name);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor data = contiguous(t, true, staging);
   return launch(c10d::OpType::ALLREDUCE, name, tensors, std::move(staging), [&] {
     return group_->all_reduce_async(buffer_of(data, name), op, op_timeout(opts.timeout));
@@ -298,14 +368,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allreduce_coalesced(
                 t.scalar_type());
   }
   const ReduceOp op = reduce_op(opts.reduceOp, tensors[0], name);
-  std::vector<at::Tensor> flat;
-  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
-  Staging staging;
-  at::Tensor joined = at::cat(flat);
-  staging.keep.push_back(joined);
+  int64_t total = 0;
+  for (const auto& t : tensors) total += t.numel();
+  Staging staging = staged_by(pool_);
+  at::Tensor joined = staging.take(total, tensors[0].scalar_type());
   int64_t offset = 0;
   for (const auto& t : tensors) {
-    staging.copy_back.emplace_back(t, joined.narrow(0, offset, t.numel()).view(t.sizes()));
+    at::Tensor slot = joined.narrow(0, offset, t.numel());
+    slot.copy_(t.reshape({-1}));
+    staging.copy_back.emplace_back(t, slot.view(t.sizes()));
     offset += t.numel();
   }
   return launch(c10d::OpType::ALLREDUCE_COALESCED, name, tensors, std::move(staging), [&] {
@@ -319,7 +390,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::reduce(std::vector<at::Tensor
   const at::Tensor& t = single(tensors, name);
   TORCH_CHECK(opts.rootTensor == 0, "ctorch: ", name, " takes one tensor per process");
   const ReduceOp op = reduce_op(opts.reduceOp, t, name);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor data = contiguous(t, true, staging);
   return launch(c10d::OpType::REDUCE, name, tensors, std::move(staging), [&] {
     return group_->reduce_async(buffer_of(data, name), static_cast<int>(opts.rootRank), op,
@@ -336,8 +407,7 @@ at::Tensor stage_parts(const std::vector<at::Tensor>& parts, const at::Tensor& l
                        const char* name, bool fill, Staging& staging) {
   TORCH_CHECK(static_cast<int>(parts.size()) == size, "ctorch: ", name, " takes ", size,
               " tensors (the group's size), got ", parts.size());
-  at::Tensor flat = at::empty({size * like.numel()}, like.options());
-  staging.keep.push_back(flat);
+  at::Tensor flat = staging.take(size * like.numel(), like.scalar_type());
   for (int r = 0; r < size; ++r) {
     const at::Tensor& part = parts[static_cast<size_t>(r)];
     check_tensor(part, name);
@@ -362,7 +432,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allgather(
   const char* name = "allgather";
   const at::Tensor& input = single(inputs, name);
   TORCH_CHECK(outputs.size() == 1, "ctorch: ", name, " takes one output list per process");
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor in = contiguous(input, false, staging);
   at::Tensor flat = stage_parts(outputs[0], input, getSize(), name, false, staging);
   return launch(c10d::OpType::ALLGATHER, name, outputs[0], std::move(staging), [&] {
@@ -376,7 +446,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::_allgather_base(
   const char* name = "all_gather_into_tensor";
   check_tensor(input, name);
   check_tensor(output, name);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor in = contiguous(input, false, staging);
   at::Tensor out = contiguous(output, true, staging);
   return launch(c10d::OpType::_ALLGATHER_BASE, name, {output}, std::move(staging), [&] {
@@ -390,7 +460,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allgather_coalesced(
     const c10d::AllgatherOptions& opts) {
   const char* name = "allgather_coalesced";
   TORCH_CHECK(outputs.size() == inputs.size(), "ctorch: ", name, " takes an output list per input");
-  Staging staging;
+  Staging staging = staged_by(pool_);
   std::vector<Start> starts;
   std::vector<at::Tensor> results;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -411,7 +481,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allgather_into_tensor_coalesc
     const c10d::AllgatherOptions& opts) {
   const char* name = "allgather_into_tensor_coalesced";
   TORCH_CHECK(outputs.size() == inputs.size(), "ctorch: ", name, " takes an output per input");
-  Staging staging;
+  Staging staging = staged_by(pool_);
   std::vector<Start> starts;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(inputs[i], name);
@@ -430,7 +500,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::reduce_scatter_tensor_coalesc
     const c10d::ReduceScatterOptions& opts) {
   const char* name = "reduce_scatter_tensor_coalesced";
   TORCH_CHECK(outputs.size() == inputs.size(), "ctorch: ", name, " takes an output per input");
-  Staging staging;
+  Staging staging = staged_by(pool_);
   std::vector<Start> starts;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(inputs[i], name);
@@ -452,7 +522,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::gather(
   const char* name = "gather";
   const at::Tensor& input = single(inputs, name);
   const int root = static_cast<int>(opts.rootRank);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor in = contiguous(input, false, staging);
   at::Tensor flat;
   std::vector<at::Tensor> results;
@@ -477,7 +547,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::scatter(
   const char* name = "scatter";
   const at::Tensor& output = single(outputs, name);
   const int root = static_cast<int>(opts.rootRank);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor out = contiguous(output, true, staging);
   at::Tensor flat;
   if (getRank() == root) {
@@ -500,7 +570,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::reduce_scatter(
   const at::Tensor& output = single(outputs, name);
   TORCH_CHECK(inputs.size() == 1, "ctorch: ", name, " takes one input list per process");
   const ReduceOp op = reduce_op(opts.reduceOp, output, name);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor out = contiguous(output, true, staging);
   at::Tensor flat = stage_parts(inputs[0], output, getSize(), name, true, staging);
   return launch(c10d::OpType::REDUCE_SCATTER, name, outputs, std::move(staging), [&] {
@@ -515,7 +585,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::_reduce_scatter_base(
   check_tensor(input, name);
   check_tensor(output, name);
   const ReduceOp op = reduce_op(opts.reduceOp, output, name);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor in = contiguous(input, false, staging);
   at::Tensor out = contiguous(output, true, staging);
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, name, {output}, std::move(staging), [&] {
@@ -539,7 +609,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::alltoall_base(
   };
   TORCH_CHECK(even(output_split_sizes, output) && even(input_split_sizes, input), "ctorch: ", name,
               " with uneven split sizes is not supported; pass equal splits (or none)");
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor in = contiguous(input, false, staging);
   at::Tensor out = contiguous(output, true, staging);
   return launch(c10d::OpType::ALLTOALL_BASE, name, {output}, std::move(staging), [&] {
@@ -554,7 +624,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::alltoall(std::vector<at::Tens
   const char* name = "all_to_all";
   TORCH_CHECK(!inputs.empty(), "ctorch: ", name, " got no tensors");
   check_tensor(inputs[0], name);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor in = stage_parts(inputs, inputs[0], getSize(), name, true, staging);
   at::Tensor out = stage_parts(outputs, inputs[0], getSize(), name, false, staging);
   return launch(c10d::OpType::ALLTOALL, name, outputs, std::move(staging), [&] {
@@ -572,7 +642,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::send(std::vector<at::Tensor>&
                                                         int tag) {
   const char* name = "send";
   const at::Tensor& t = single(tensors, name);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor data = contiguous(t, false, staging);
   return launch(c10d::OpType::SEND, name, tensors, std::move(staging),
                 [&] { return group_->send_async(buffer_of(data, name), dst, tag); });
@@ -582,7 +652,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::recv(std::vector<at::Tensor>&
                                                         int tag) {
   const char* name = "recv";
   const at::Tensor& t = single(tensors, name);
-  Staging staging;
+  Staging staging = staged_by(pool_);
   at::Tensor data = contiguous(t, true, staging);
   return launch(c10d::OpType::RECV, name, tensors, std::move(staging),
                 [&] { return group_->recv_async(buffer_of(data, name), src, tag); });

@@ -60,6 +60,8 @@ struct GroupOptions {
   std::vector<int64_t> global_ranks;
 };
 
+class StagingPool;
+
 class ProcessGroupCtorch : public BackendBase {
  public:
   // Blocks until every rank of the group has arrived (at most the timeout);
@@ -121,6 +123,8 @@ class ProcessGroupCtorch : public BackendBase {
 
  private:
   std::shared_ptr<dist::ProcessGroup> group_;
+  // Staging buffers kept across calls (list forms: all_gather, scatter, ...).
+  std::shared_ptr<StagingPool> pool_;
 };
 
 // torch's creator function for register_backend(extended_api=True).
