@@ -85,6 +85,21 @@ bool read_switch(std::optional<bool> given, const char* name) {
   return *text == "1";
 }
 
+// The common end of init_process_group, join_process_group (and so of
+// every group): every rank announces itself on `context.store` and waits
+// for the others, then the backend is made within what is left of
+// `deadline`. `where` names the store and keys in a timeout's message.
+std::unique_ptr<Backend> set_up_backend(const std::string& name, BackendContext context,
+                                        Clock::time_point deadline, const std::string& where) {
+  auto left = [&] {
+    return std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()),
+                    milliseconds(1));
+  };
+  wait_for_ranks(*context.store, context.rank, context.size, left(), where);
+  context.timeout = left();
+  return create_backend(name, context);
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, BackendContext context,
@@ -179,10 +194,6 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const int64_t generation = attempt_store.add("inits/rank_" + std::to_string(rank), 1);
   const std::string prefix = attempt_prefix + "/pg_" + std::to_string(generation);
   auto group_store = std::make_shared<store::PrefixStore>(prefix, root);
-  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  wait_for_ranks(*group_store, rank, world, std::max(left, milliseconds(1)),
-                 where + ", keys /" + prefix + "/arrived/<rank>");
-
   BackendContext context;
   context.store = group_store;
   context.rank = rank;
@@ -191,14 +202,13 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   if (context.device.type == DeviceType::kCuda && context.device.index < 0) {
     context.device.index = local_rank;
   }
-  context.timeout =
-      std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
+  context.timeout = timeout;
   context.master_addr = master_addr;
   context.check_calls = check_calls;
   context.shm = shm;
   context.group_key = prefix;
-  auto backend = create_backend(options.backend, context);
-  context.timeout = timeout;
+  auto backend = set_up_backend(options.backend, context, deadline,
+                                where + ", keys /" + prefix + "/arrived/<rank>");
   std::vector<int> global(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) global[static_cast<size_t>(r)] = r;
   get_logger("coll")->debug(
@@ -224,17 +234,14 @@ std::shared_ptr<ProcessGroup> join_process_group(std::shared_ptr<store::Store> s
   context.check_calls = read_switch(options.check_calls, "CTORCHRUN_DIST_CHECK_CALLS");
   context.shm = read_switch(options.shm, "CTORCHRUN_DIST_SHM");
   ignore_default_sigpipe();
-  wait_for_ranks(*store, rank, size, options.timeout, "group '" + group_key + "'");
   context.store = store;
   context.rank = rank;
   context.size = size;
   context.device = options.device;
   context.master_addr = options.master_addr.value_or(env("MASTER_ADDR").value_or(""));
   context.group_key = group_key;
-  context.timeout =
-      std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
-  auto backend = create_backend(options.backend, context);
   context.timeout = options.timeout;
+  auto backend = set_up_backend(options.backend, context, deadline, "group '" + group_key + "'");
   std::vector<int> global(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) global[static_cast<size_t>(r)] = r;
   return std::make_shared<ProcessGroup>(std::move(backend), std::move(context), group_key, store,
@@ -267,20 +274,14 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
                       "] but another member asked for [" + agreed +
                       "]; every rank must pass the same list in the same order");
   }
-  const int sub_rank = static_cast<int>(position - ranks.begin());
-  const int sub_size = static_cast<int>(ranks.size());
-  wait_for_ranks(*group_store, sub_rank, sub_size, group_timeout,
-                 "subgroup [" + listed + "], keys /" + prefix + "/arrived/<rank>");
-
   BackendContext context = context_;
   context.store = group_store;
   context.group_key = prefix;
-  context.rank = sub_rank;
-  context.size = sub_size;
-  context.timeout =
-      std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
-  auto backend = create_backend(backend_->name(), context);
+  context.rank = static_cast<int>(position - ranks.begin());
+  context.size = static_cast<int>(ranks.size());
   context.timeout = group_timeout;
+  auto backend = set_up_backend(backend_->name(), context, deadline,
+                                "subgroup [" + listed + "], keys /" + prefix + "/arrived/<rank>");
   std::vector<int> global;
   for (int r : ranks) global.push_back(global_ranks_[static_cast<size_t>(r)]);
   return std::make_shared<ProcessGroup>(std::move(backend), std::move(context), prefix, root_store_,
