@@ -476,43 +476,50 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allgather_coalesced(
 }
 
 #if TORCH_VERSION_MAJOR >= 2
-c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  const char* name = "allgather_into_tensor_coalesced";
+namespace {
+
+// The coalesced tensor forms: one operation per (output, input) pair, made
+// by `make` from their contiguous versions, all in one Work.
+c10::intrusive_ptr<c10d::Work> pairwise(
+    const char* name, Staging staging, std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const std::function<Start(const at::Tensor& in, const at::Tensor& out)>& make) {
   TORCH_CHECK(outputs.size() == inputs.size(), "ctorch: ", name, " takes an output per input");
-  Staging staging = staged_by(pool_);
   std::vector<Start> starts;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(inputs[i], name);
     check_tensor(outputs[i], name);
-    at::Tensor in = contiguous(inputs[i], false, staging);
-    at::Tensor out = contiguous(outputs[i], true, staging);
-    starts.push_back([this, in, out, name, timeout = op_timeout(opts.timeout)] {
-      return group_->all_gather_async(buffer_of(in, name), buffer_of(out, name), timeout);
-    });
+    starts.push_back(
+        make(contiguous(inputs[i], false, staging), contiguous(outputs[i], true, staging)));
   }
   return launch_all(c10d::OpType::COALESCED, name, outputs, std::move(staging), starts);
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* name = "allgather_into_tensor_coalesced";
+  const milliseconds timeout = op_timeout(opts.timeout);
+  return pairwise(name, staged_by(pool_), outputs, inputs, [&](at::Tensor in, at::Tensor out) {
+    return [this, in, out, name, timeout] {
+      return group_->all_gather_async(buffer_of(in, name), buffer_of(out, name), timeout);
+    };
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCtorch::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* name = "reduce_scatter_tensor_coalesced";
-  TORCH_CHECK(outputs.size() == inputs.size(), "ctorch: ", name, " takes an output per input");
-  Staging staging = staged_by(pool_);
-  std::vector<Start> starts;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(inputs[i], name);
-    check_tensor(outputs[i], name);
-    const ReduceOp op = reduce_op(opts.reduceOp, outputs[i], name);
-    at::Tensor in = contiguous(inputs[i], false, staging);
-    at::Tensor out = contiguous(outputs[i], true, staging);
-    starts.push_back([this, in, out, op, name, timeout = op_timeout(opts.timeout)] {
+  const milliseconds timeout = op_timeout(opts.timeout);
+  return pairwise(name, staged_by(pool_), outputs, inputs, [&](at::Tensor in, at::Tensor out) {
+    const ReduceOp op = reduce_op(opts.reduceOp, out, name);
+    return [this, in, out, op, name, timeout] {
       return group_->reduce_scatter_async(buffer_of(in, name), buffer_of(out, name), op, timeout);
-    });
-  }
-  return launch_all(c10d::OpType::COALESCED, name, outputs, std::move(staging), starts);
+    };
+  });
 }
 #endif
 
