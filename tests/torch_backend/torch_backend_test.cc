@@ -200,9 +200,10 @@ TEST_CASE(
   CHECK(out0.find("transport hier (ranks on several hosts") != std::string::npos);
 }
 
-TEST_CASE("ctorch backend: FSDP on CPU ends with gloo's parameters at 2 ranks, on torch 2.x "
-          "where Debian's torch has FSDP",
-          "[torch]") {
+TEST_CASE(
+    "ctorch backend: FSDP on CPU ends with gloo's parameters at 2 ranks, on torch 2.x "
+    "where Debian's torch has FSDP",
+    "[torch]") {
   if (test_torch_version() < std::pair{2, 0}) {
     // Debian's torch 1.13 cannot import FSDP at all: what this case runs
     // under torch2 cannot run here, and this says why.
