@@ -14,6 +14,7 @@ packages=(
   libgloo-dev
   openmpi-bin libopenmpi-dev
   python3-torch python3-numpy libtorch-dev python3-dev pybind11-dev
+  python3-venv python3-pip python3-setuptools
   iproute2 procps psmisc
   elfutils
   etcd-server etcd-client

@@ -223,3 +223,45 @@ TEST_CASE(
   }
   CHECK(sums["ctorch"] == sums["gloo"]);
 }
+
+TEST_CASE(
+    "ctorch backend: the README's pip command builds and installs it into a venv of the "
+    "system's torch",
+    "[multiproc]") {
+  // Always Debian 12's python (CTORCHRUN_TEST_PYTHON): its venv sees the
+  // system's torch 1.13; the build compiles libctorch_dist again (about a minute).
+  TempDir dir("ctorch-pip");
+  const std::string venv = dir.file("venv");
+  Process make_venv({CTORCHRUN_TEST_PYTHON, "-m", "venv", "--system-site-packages", venv}, {},
+                    /*capture_stderr=*/true);
+  INFO(make_venv.read_all(120s));
+  REQUIRE(make_venv.exit_code(10s) == 0);
+  // pip builds in the source folder: a copy of the checkout's parts keeps
+  // the checkout clean.
+  const std::string src = dir.file("src");
+  std::filesystem::create_directories(src);
+  for (const std::string part :
+       {"CMakeLists.txt", "common", "store", "collectives", "torch_backend"}) {
+    std::filesystem::copy(CTORCHRUN_SOURCE_DIR "/" + part, src + "/" + part,
+                          std::filesystem::copy_options::recursive);
+  }
+  Process pip(
+      {venv + "/bin/pip", "install", "--no-build-isolation", "--no-index", src + "/torch_backend"},
+      {{"PIP_NO_CACHE_DIR", "1"}}, /*capture_stderr=*/true);
+  const std::string built = pip.read_all(600s);
+  INFO(built);
+  REQUIRE(pip.exit_code(10s) == 0);
+  // One process, the installed package (not the build tree's), a real group.
+  Process use({venv + "/bin/python", "-c",
+               "import os, torch, torch.distributed as dist, ctorch\n"
+               "print('from', ctorch.__file__)\n"
+               "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+               "dist.init_process_group('ctorch', rank=0, world_size=1)\n"
+               "t = torch.ones(3); dist.all_reduce(t); print('sum', t.tolist())\n"},
+              {{"PORT", std::to_string(free_port())}}, /*capture_stderr=*/true);
+  const std::string out = use.read_all(120s);
+  INFO(out);
+  CHECK(use.exit_code(10s) == 0);
+  CHECK(out.find("from " + venv + "/lib/") != std::string::npos);
+  CHECK(out.find("sum [1.0, 1.0, 1.0]") != std::string::npos);
+}
