@@ -133,9 +133,19 @@ HostView parse_view(const std::string& text) {
 // How long a waiting rank spins (and yields) before it sleeps on the futex:
 // CTORCHRUN_DIST_SHM_SPIN_US, default 1000. A futex wake-up costs tens of
 // microseconds on a loaded machine; a spinning peer answers in one.
+// ConfigError unless it is a count of microseconds up to kMaxSpinUs: a
+// longer spin only burns a core, and the spin ends at the call's deadline
+// anyway.
+constexpr size_t kMaxSpinUs = 100'000;
 std::chrono::microseconds spin_time() {
   const std::string text = env_text("CTORCHRUN_DIST_SHM_SPIN_US");
-  return std::chrono::microseconds(text.empty() ? 1000 : std::max(0, std::atoi(text.c_str())));
+  if (text.empty()) return std::chrono::microseconds(1000);
+  const auto value = decimal_count(text);
+  if (!value || *value > kMaxSpinUs) {
+    throw ConfigError("CTORCHRUN_DIST_SHM_SPIN_US='" + text +
+                      "' must be a count of microseconds from 0 to " + std::to_string(kMaxSpinUs));
+  }
+  return std::chrono::microseconds(static_cast<int64_t>(*value));
 }
 
 // CTORCHRUN_DIST_SHM_CMA: "1" lets a group of one host read its peers'
@@ -740,7 +750,7 @@ class ShmBackend : public Backend {
     // then only keeps the other from running, and every call cost the
     // whole spin (1 ms at 4 B, two ranks, load average 20).
     if (all_in()) return;
-    const auto spin_end = Clock::now() + spin_now_;
+    const auto spin_end = std::min(Clock::now() + spin_now_, call.deadline);
     for (;;) {
       for (int i = 0; i < 64; ++i) {
         if (all_in()) {
@@ -1148,6 +1158,7 @@ int sweep_stale_segments(const std::string& dir) {
 std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   // Read first, so that a bad value fails every rank alike, at once.
   const bool cma = cma_switch();
+  spin_time();
   // A hierarchical all_reduce's piece (rank 0's holds on every rank).
   const size_t piece = chunk_setting().value_or(kDefaultPiece);
   const size_t cma_min = cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes);

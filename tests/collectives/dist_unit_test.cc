@@ -441,3 +441,24 @@ TEST_CASE("dist process group: join_process_group builds a group over a store as
   CHECK_THROWS_AS(dist::join_process_group(store, 1, 1, "bad"), ctorchrun::ConfigError);
   CHECK_THROWS_AS(dist::join_process_group(nullptr, 0, 1, "none"), ctorchrun::ConfigError);
 }
+
+TEST_CASE("dist process group: CTORCHRUN_DIST_SHM_SPIN_US must be a bounded count of microseconds",
+          "[unit]") {
+  dist::InitOptions options;
+  options.rank = 0;
+  options.world_size = 1;
+  options.store = std::make_shared<ctorchrun::store::HashStore>();
+  // atoi took these: "abc" as 0, " 5" as 5, and a day's spin as it was.
+  for (const char* bad : {"abc", "-1", " 5", "86400000000", "100001"}) {
+    CAPTURE(bad);
+    ::setenv("CTORCHRUN_DIST_SHM_SPIN_US", bad, 1);
+    CHECK_THROWS_WITH(dist::init_process_group(options),
+                      Catch::Contains("CTORCHRUN_DIST_SHM_SPIN_US='" + std::string(bad) +
+                                      "' must be a count of microseconds from 0 to 100000"));
+  }
+  for (const char* good : {"0", "50", "100000"}) {
+    ::setenv("CTORCHRUN_DIST_SHM_SPIN_US", good, 1);
+    CHECK_NOTHROW(dist::init_process_group(options));
+  }
+  ::unsetenv("CTORCHRUN_DIST_SHM_SPIN_US");
+}
