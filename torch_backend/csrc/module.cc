@@ -17,14 +17,13 @@ namespace {
 
 c10::intrusive_ptr<ctorchrun::torch_backend::BackendBase> create(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
-    std::string group_id, std::vector<int64_t> global_ranks) {
+    std::string group_id) {
   ctorchrun::torch_backend::GroupOptions options;
   options.store = std::move(store);
   options.rank = rank;
   options.size = size;
   options.timeout = timeout;
   options.group_id = std::move(group_id);
-  options.global_ranks = std::move(global_ranks);
   return ctorchrun::torch_backend::create_process_group(options);
 }
 
@@ -42,7 +41,7 @@ PYBIND11_MODULE(CTORCH_EXTENSION_NAME, m) {
   // that the process's other Python threads run meanwhile.
   m.def("create_process_group", &create, pybind11::arg("store"), pybind11::arg("rank"),
         pybind11::arg("size"), pybind11::arg("timeout"), pybind11::arg("group_id"),
-        pybind11::arg("global_ranks"), pybind11::call_guard<pybind11::gil_scoped_release>());
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("transport", &transport, pybind11::arg("backend"),
         "What moves a ctorch group's data: 'shm', 'hier' or 'gloo'.");
   m.attr("torch_version") = TORCH_VERSION;

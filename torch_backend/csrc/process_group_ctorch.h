@@ -57,7 +57,6 @@ struct GroupOptions {
   int size = 1;
   std::chrono::milliseconds timeout{30 * 60 * 1000};
   std::string group_id;
-  std::vector<int64_t> global_ranks;
 };
 
 class StagingPool;

@@ -84,10 +84,12 @@ void TorchStore::append(const std::string& key, const std::string& value) {
 }
 
 std::vector<std::string> TorchStore::multi_get(const std::vector<std::string>& keys) {
-  wait(keys, timeout());
+  wait(keys, timeout());  // once for all: then each key is there to read
   std::vector<std::string> values;
   values.reserve(keys.size());
-  for (const auto& key : keys) values.push_back(get(key));
+  for (const auto& key : keys) {
+    values.push_back(call("get", key, [&] { return text(store_->get(key)); }));
+  }
   return values;
 }
 

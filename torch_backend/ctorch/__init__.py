@@ -65,7 +65,6 @@ def _create(dist_backend_opts, backend_options):
         dist_backend_opts.group_size,
         dist_backend_opts.timeout,
         dist_backend_opts.group_id,
-        list(dist_backend_opts.global_ranks_in_group),
     )
 
 
