@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 
 #include "tests/launcher/launcher_support.h"
@@ -39,6 +40,23 @@ std::vector<std::string> job(int nproc, const std::vector<std::string>& script) 
                 script);
 }
 
+// Runs `args(backend)` at 2 ranks on gloo, then on ctorch, and returns what
+// `result` reads from each successful run (a digest, a sum); both must be
+// non-empty.
+std::map<std::string, std::string> on_both_backends(
+    const std::function<std::vector<std::string>(const std::string&)>& args,
+    const std::function<std::string(const LaunchResult&, const std::string&)>& result) {
+  std::map<std::string, std::string> out;
+  for (const std::string backend : {"gloo", "ctorch"}) {
+    auto r = run_ctorchrun(job(2, args(backend)));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    out[backend] = result(r, backend);
+    REQUIRE(!out[backend].empty());
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -65,15 +83,19 @@ TEST_CASE(
     "ranks",
     "[torch]") {
   TempDir dir("ctorch-ddp");
-  std::map<std::string, std::string> digests;
-  for (const std::string backend : {"gloo", "ctorch"}) {
-    auto r = run_ctorchrun(job(2, {CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py", "--workdir",
-                                   dir.file(backend), "--epochs", "2", "--backend", backend}));
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-    digests[backend] = digest_in(read_file(dir.file(backend + "/result.json")));
-    REQUIRE(digests[backend].size() == 64);
-  }
+  auto digests = on_both_backends(
+      [&](const std::string& backend) {
+        return std::vector<std::string>{CTORCHRUN_SOURCE_DIR "/examples/ddp_train.py",
+                                        "--workdir",
+                                        dir.file(backend),
+                                        "--epochs",
+                                        "2",
+                                        "--backend",
+                                        backend};
+      },
+      [&](const LaunchResult&, const std::string& backend) {
+        return digest_in(read_file(dir.file(backend + "/result.json")));
+      });
   CHECK(digests["ctorch"] == digests["gloo"]);
 }
 
@@ -81,14 +103,11 @@ TEST_CASE(
     "ctorch backend: DDP with a bucket per parameter, unused parameters, no_sync and a comm "
     "hook matches gloo bit for bit",
     "[torch]") {
-  std::map<std::string, std::string> digests;
-  for (const std::string backend : {"gloo", "ctorch"}) {
-    auto r = run_ctorchrun(job(2, {kHere + "ddp_buckets_worker.py", "--backend", backend}));
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-    digests[backend] = digest_in(r.output);
-    REQUIRE(digests[backend].size() == 64);
-  }
+  auto digests = on_both_backends(
+      [](const std::string& backend) {
+        return std::vector<std::string>{kHere + "ddp_buckets_worker.py", "--backend", backend};
+      },
+      [](const LaunchResult& r, const std::string&) { return digest_in(r.output); });
   CHECK(digests["ctorch"] == digests["gloo"]);
 }
 
@@ -212,15 +231,15 @@ TEST_CASE(
     CHECK(p.exit_code(10s) != 0);
     return;
   }
-  std::map<std::string, std::string> sums;
-  for (const std::string backend : {"gloo", "ctorch"}) {
-    auto r = run_ctorchrun(job(2, {kHere + "fsdp_worker.py", "--backend", backend}));
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-    std::smatch m;
-    REQUIRE(std::regex_search(r.output, m, std::regex("fsdp sum (\\S+)")));
-    sums[backend] = m[1];
-  }
+  auto sums = on_both_backends(
+      [](const std::string& backend) {
+        return std::vector<std::string>{kHere + "fsdp_worker.py", "--backend", backend};
+      },
+      [](const LaunchResult& r, const std::string&) {
+        std::smatch m;
+        return std::regex_search(r.output, m, std::regex("fsdp sum (\\S+)")) ? std::string(m[1])
+                                                                             : std::string();
+      });
   CHECK(sums["ctorch"] == sums["gloo"]);
 }
 
