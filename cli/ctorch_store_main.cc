@@ -31,20 +31,9 @@ void raise_fd_limit() {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace ctorchrun;
-  store::ServerOptions options;
-  int port = 29500;
-
-  CLI::App app{
-      "ctorch-store: a key-value store server that speaks PyTorch's TCPStore protocol.\n"
-      "torch 1.13/2.0 and torch 2.1+ clients (both wire dialects, detected per connection)\n"
-      "and ctorchrun's agents share one key space. Runs in the foreground; prints\n"
-      "'listening on HOST:PORT' once ready.\n\n"
-      "Exit codes: 0 stopped by SIGINT/SIGTERM, 2 usage error, 4 cannot bind.",
-      "ctorch-store"};
+// The store's options on the command line; `port` is separate because 0
+// (any free port) is allowed there.
+void add_options(CLI::App& app, ctorchrun::store::ServerOptions& options, int& port) {
   app.add_option("--host", options.host, "address to bind (torch binds every address)")
       ->capture_default_str();
   app.add_option("--port", port, "port to listen on; 0 picks a free one and prints it")
@@ -71,15 +60,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.set_version_flag("--version", std::string("ctorch-store ") + CTORCHRUN_VERSION);
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? kExitSuccess : kExitUsage;
-  }
-  options.port = static_cast<uint16_t>(port);
-
+// Serves until SIGINT or SIGTERM; the exit code.
+int serve(const ctorchrun::store::ServerOptions& options) {
+  using namespace ctorchrun;
   setup_logging(spdlog::level::info);
   raise_fd_limit();
 
@@ -114,4 +99,28 @@ int main(int argc, char** argv) {
       "stopped by signal {}: served {} connections, {} requests, closed {} misbehaving clients",
       sig, stats.accepted, stats.requests, stats.dropped);
   return kExitSuccess;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ctorchrun;
+  store::ServerOptions options;
+  int port = 29500;
+  CLI::App app{
+      "ctorch-store: a key-value store server that speaks PyTorch's TCPStore protocol.\n"
+      "torch 1.13/2.0 and torch 2.1+ clients (both wire dialects, detected per connection)\n"
+      "and ctorchrun's agents share one key space. Runs in the foreground; prints\n"
+      "'listening on HOST:PORT' once ready.\n\n"
+      "Exit codes: 0 stopped by SIGINT/SIGTERM, 2 usage error, 4 cannot bind.",
+      "ctorch-store"};
+  add_options(app, options, port);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kExitSuccess : kExitUsage;
+  }
+  options.port = static_cast<uint16_t>(port);
+  return serve(options);
 }

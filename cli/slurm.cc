@@ -155,6 +155,104 @@ bool special_step(const std::string& step_id) {
          step_id == "4294967294" || step_id == "4294967291" || step_id == "4294967290";
 }
 
+// A multi-node batch script that runs ctorchrun outside any step: only the
+// batch host runs workers. The warning, or "" when that is not the case.
+std::string outside_step_warning(const SlurmGiven& given,
+                                 const std::map<std::string, std::string>& env) {
+  const std::string nodes = get(env, "SLURM_JOB_NUM_NODES").empty()
+                                ? get(env, "SLURM_NNODES")
+                                : get(env, "SLURM_JOB_NUM_NODES");
+  if (!has(env, "SLURM_JOB_ID") || nodes.empty() || nodes == "1" || given.standalone) return "";
+  return "running in Slurm job " + get(env, "SLURM_JOB_ID") + " of " + nodes +
+         " nodes but outside any job step: only this host (" + get(env, "SLURMD_NODENAME") +
+         ") runs workers; start ctorchrun with `srun --ntasks-per-node=1 ctorchrun ...` "
+         "to use every node";
+}
+
+// One agent per node: several tasks on a node would each start workers.
+void check_one_task_per_node(const std::map<std::string, std::string>& env, int step_nodes) {
+  const std::string job = get(env, "SLURM_JOB_ID"), step = get(env, "SLURM_STEP_ID");
+  for (const char* key : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    if (!has(env, key)) continue;
+    if (int most = max_tasks_per_node(get(env, key)); most > 1) {
+      throw ConfigError("Slurm step " + job + "." + step + " runs " + std::to_string(most) +
+                        " tasks on a node (" + key + "=" + get(env, key) +
+                        "): ctorchrun is one agent per node that starts the workers itself; "
+                        "use `srun --ntasks-per-node=1 ctorchrun --nproc_per_node=N ...`");
+    }
+    break;  // the step's own count, when given, is the one that matters
+  }
+  const char* tasks_key =
+      has(env, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+  if (has(env, tasks_key)) {
+    const int tasks = number_of(env, tasks_key, 1, 1 << 30);
+    if (tasks > step_nodes) {
+      throw ConfigError("Slurm step " + job + "." + step + " runs " + std::to_string(tasks) +
+                        " tasks on " + std::to_string(step_nodes) + " nodes (" + tasks_key +
+                        "): ctorchrun is one agent per node that starts the workers itself; "
+                        "use `srun --ntasks-per-node=1 ctorchrun --nproc_per_node=N ...`");
+    }
+  }
+}
+
+// Workers per node from the step: its GPUs, else CUDA_VISIBLE_DEVICES, else 1.
+int step_nproc(const std::map<std::string, std::string>& env, std::string* source) {
+  if (has(env, "SLURM_GPUS_ON_NODE") && get(env, "SLURM_GPUS_ON_NODE") != "0") {
+    *source = "SLURM_GPUS_ON_NODE";
+    return number_of(env, "SLURM_GPUS_ON_NODE", 1, 1 << 16);
+  }
+  if (has(env, "CUDA_VISIBLE_DEVICES")) {
+    const std::string v = get(env, "CUDA_VISIBLE_DEVICES");
+    *source = "CUDA_VISIBLE_DEVICES";
+    return static_cast<int>(std::count(v.begin(), v.end(), ',')) + 1;
+  }
+  return 1;
+}
+
+// Each value the command line left open, from the step; t->summary names
+// what came from where.
+void fill_from_step(const SlurmGiven& given, const std::map<std::string, std::string>& env,
+                    int step_nodes, SlurmTopology* t) {
+  const std::string job = get(env, "SLURM_JOB_ID"), step = get(env, "SLURM_STEP_ID");
+  std::string from;
+  auto note = [&](const std::string& what, const std::string& source) {
+    from += (from.empty() ? "" : " ") + what + " (" + source + ")";
+  };
+  if (!given.nnodes) {
+    t->nnodes = step_nodes;
+    note("nnodes=" + std::to_string(step_nodes), "SLURM_STEP_NUM_NODES");
+  }
+  const int node_id = number_of(env, "SLURM_NODEID", 0, step_nodes - 1);
+  if (!given.node_rank) {
+    t->node_rank = node_id;
+    note("node_rank=" + std::to_string(node_id), "SLURM_NODEID");
+  }
+  t->first_host = node_id == 0;
+  if (!given.nproc_per_node) {
+    std::string source;
+    t->nproc_per_node = step_nproc(env, &source);
+    if (!source.empty()) note("nproc_per_node=" + std::to_string(*t->nproc_per_node), source);
+  }
+  if (!given.master_addr && !given.rdzv_endpoint) {
+    const std::string list = get(env, "SLURM_STEP_NODELIST");
+    const std::vector<std::string> hosts = expand_hostlist(list);
+    if (hosts.empty()) throw ConfigError("SLURM_STEP_NODELIST='" + list + "' names no host");
+    t->master_addr = hosts.front();
+    note("master=" + hosts.front(), "first of SLURM_STEP_NODELIST=" + list);
+  }
+  if (!given.master_port && !given.rdzv_endpoint) {
+    t->port = slurm_port(job, step);
+    note("port=" + std::to_string(*t->port), "from SLURM_JOB_ID and SLURM_STEP_ID");
+  }
+  if (!given.rdzv_id) {
+    t->rdzv_id = job + "." + step;
+    note("rdzv_id=" + *t->rdzv_id, "SLURM_JOB_ID.SLURM_STEP_ID");
+  }
+  const std::string node = get(env, "SLURMD_NODENAME");
+  t->summary = "Slurm job " + job + " step " + step + (node.empty() ? "" : " on " + node) + ": " +
+               (from.empty() ? "every value given on the command line" : from);
+}
+
 }  // namespace
 
 std::vector<std::string> expand_hostlist(const std::string& expression) {
@@ -201,91 +299,14 @@ SlurmTopology resolve_slurm(SlurmMode mode, const SlurmGiven& given,
           "--slurm=on: not a task of a Slurm job step (SLURM_STEP_ID and SLURM_PROCID are not "
           "both set); run ctorchrun under srun");
     }
-    const std::string nodes = get(env, "SLURM_JOB_NUM_NODES").empty()
-                                  ? get(env, "SLURM_NNODES")
-                                  : get(env, "SLURM_JOB_NUM_NODES");
-    if (has(env, "SLURM_JOB_ID") && !nodes.empty() && nodes != "1" && !given.standalone) {
-      t.warning = "running in Slurm job " + get(env, "SLURM_JOB_ID") + " of " + nodes +
-                  " nodes but outside any job step: only this host (" +
-                  get(env, "SLURMD_NODENAME") +
-                  ") runs workers; start ctorchrun with `srun --ntasks-per-node=1 ctorchrun ...` "
-                  "to use every node";
-    }
+    t.warning = outside_step_warning(given, env);
     return t;
   }
   if (given.standalone) return t;
-
-  const std::string job = get(env, "SLURM_JOB_ID");
-  const std::string step = get(env, "SLURM_STEP_ID");
   const int step_nodes = number_of(env, "SLURM_STEP_NUM_NODES", 1, 1 << 20);
-
-  // One agent per node: several tasks on a node would each start workers.
-  for (const char* key : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
-    if (!has(env, key)) continue;
-    if (int most = max_tasks_per_node(get(env, key)); most > 1) {
-      throw ConfigError("Slurm step " + job + "." + step + " runs " + std::to_string(most) +
-                        " tasks on a node (" + key + "=" + get(env, key) +
-                        "): ctorchrun is one agent per node that starts the workers itself; "
-                        "use `srun --ntasks-per-node=1 ctorchrun --nproc_per_node=N ...`");
-    }
-    break;  // the step's own count, when given, is the one that matters
-  }
-  const char* tasks_key =
-      has(env, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
-  if (has(env, tasks_key)) {
-    const int tasks = number_of(env, tasks_key, 1, 1 << 30);
-    if (tasks > step_nodes) {
-      throw ConfigError("Slurm step " + job + "." + step + " runs " + std::to_string(tasks) +
-                        " tasks on " + std::to_string(step_nodes) + " nodes (" + tasks_key +
-                        "): ctorchrun is one agent per node that starts the workers itself; "
-                        "use `srun --ntasks-per-node=1 ctorchrun --nproc_per_node=N ...`");
-    }
-  }
-
+  check_one_task_per_node(env, step_nodes);
   t.active = true;
-  std::string from;
-  auto note = [&](const std::string& what, const std::string& source) {
-    from += (from.empty() ? "" : " ") + what + " (" + source + ")";
-  };
-  if (!given.nnodes) {
-    t.nnodes = step_nodes;
-    note("nnodes=" + std::to_string(step_nodes), "SLURM_STEP_NUM_NODES");
-  }
-  if (!given.node_rank) {
-    t.node_rank = number_of(env, "SLURM_NODEID", 0, step_nodes - 1);
-    note("node_rank=" + std::to_string(*t.node_rank), "SLURM_NODEID");
-  }
-  t.first_host = number_of(env, "SLURM_NODEID", 0, step_nodes - 1) == 0;
-  if (!given.nproc_per_node) {
-    if (has(env, "SLURM_GPUS_ON_NODE") && get(env, "SLURM_GPUS_ON_NODE") != "0") {
-      t.nproc_per_node = number_of(env, "SLURM_GPUS_ON_NODE", 1, 1 << 16);
-      note("nproc_per_node=" + std::to_string(*t.nproc_per_node), "SLURM_GPUS_ON_NODE");
-    } else if (has(env, "CUDA_VISIBLE_DEVICES")) {
-      const std::string v = get(env, "CUDA_VISIBLE_DEVICES");
-      t.nproc_per_node = static_cast<int>(std::count(v.begin(), v.end(), ',')) + 1;
-      note("nproc_per_node=" + std::to_string(*t.nproc_per_node), "CUDA_VISIBLE_DEVICES");
-    } else {
-      t.nproc_per_node = 1;
-    }
-  }
-  if (!given.master_addr && !given.rdzv_endpoint) {
-    const std::string list = get(env, "SLURM_STEP_NODELIST");
-    const std::vector<std::string> hosts = expand_hostlist(list);
-    if (hosts.empty()) throw ConfigError("SLURM_STEP_NODELIST='" + list + "' names no host");
-    t.master_addr = hosts.front();
-    note("master=" + hosts.front(), "first of SLURM_STEP_NODELIST=" + list);
-  }
-  if (!given.master_port && !given.rdzv_endpoint) {
-    t.port = slurm_port(job, step);
-    note("port=" + std::to_string(*t.port), "from SLURM_JOB_ID and SLURM_STEP_ID");
-  }
-  if (!given.rdzv_id) {
-    t.rdzv_id = job + "." + step;
-    note("rdzv_id=" + *t.rdzv_id, "SLURM_JOB_ID.SLURM_STEP_ID");
-  }
-  const std::string node = get(env, "SLURMD_NODENAME");
-  t.summary = "Slurm job " + job + " step " + step + (node.empty() ? "" : " on " + node) + ": " +
-              (from.empty() ? "every value given on the command line" : from);
+  fill_from_step(given, env, step_nodes, &t);
   return t;
 }
 
