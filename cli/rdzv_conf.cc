@@ -140,6 +140,156 @@ bool backend_reads(const RdzvConfKey& k, const std::string& backend) {
   return false;
 }
 
+// Quotes a shell would have removed: a Kubernetes args: array or a YAML file
+// hands --rdzv_conf='k=v,...' over with them. One pair of matching quotes
+// around the whole text, a key or a value is dropped.
+std::string unquote(std::string s) {
+  s = trim(s);
+  if (s.size() >= 2 && (s.front() == '\'' || s.front() == '"') && s.back() == s.front()) {
+    s = trim(s.substr(1, s.size() - 2));
+  }
+  return s;
+}
+
+// "KEY=VALUE,KEY=VALUE" as (key, value) pairs in the order first given, a
+// later value of a key winning; empty items are skipped.
+std::vector<std::pair<std::string, std::string>> split_pairs(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  std::stringstream ss(unquote(text));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (trim(item).empty()) continue;
+    auto eq = item.find('=');
+    std::string key = unquote(item.substr(0, eq));
+    if (eq == std::string::npos || key.empty()) {
+      throw ConfigError("--rdzv_conf: '" + item + "' is not KEY=VALUE");
+    }
+    std::string value = unquote(item.substr(eq + 1));
+    auto same = std::find_if(pairs.begin(), pairs.end(), [&](auto& p) { return p.first == key; });
+    if (same == pairs.end()) {
+      pairs.emplace_back(key, value);
+    } else {
+      same->second = value;
+    }
+  }
+  return pairs;
+}
+
+// A value of a table key, checked against its type and range.
+double parse_value(const RdzvConfKey& k, const std::string& value) {
+  double v = 0;
+  bool ok = false;
+  switch (k.type) {
+    case RdzvConfType::kSeconds:
+      ok = parse_seconds(value, k.min, k.min_exclusive, k.max, &v);
+      break;
+    case RdzvConfType::kInteger:
+      ok = parse_integer(value, &v) && in_range(k, v);
+      break;
+    case RdzvConfType::kBool:
+      ok = parse_bool(value, &v);
+      break;
+  }
+  if (!ok) {
+    std::string expected =
+        k.type == RdzvConfType::kBool
+            ? "a boolean (1, true, t, yes, y or 0, false, f, no, n)"
+            : std::string(k.type == RdzvConfType::kSeconds ? "decimal seconds" : "an integer") +
+                  " in " + range_text(k);
+    throw ConfigError("--rdzv_conf " + std::string(k.name) + "='" + value + "': expected " +
+                      expected);
+  }
+  return v;
+}
+
+// etcd-v3's key prefix.
+void apply_etcd_prefix(const std::string& value, agent::LaunchConfig* config) {
+  if (value.empty() || value[0] != '/' || value.size() > 256 ||
+      value.find_first_of(" \t\n") != std::string::npos) {
+    throw ConfigError("--rdzv_conf etcd_prefix='" + value +
+                      "': expected a key prefix starting with '/' (at most 256 characters, "
+                      "no blanks)");
+  }
+  config->etcd_prefix =
+      value.size() > 1 && value.back() == '/' ? value.substr(0, value.size() - 1) : value;
+}
+
+// torch 2.x's c10d reads store_type: tcp (its default) or file (a FileStore
+// at a path given as the endpoint). Every store ctorchrun hosts or joins is a
+// TCP store, so tcp is taken silently by every backend.
+void check_store_type(const std::string& value) {
+  const std::string t = lower(value);
+  if (t == "file") {
+    throw ConfigError(
+        "--rdzv_conf store_type=file: ctorchrun's rendezvous store is a TCP store at "
+        "--rdzv_endpoint HOST:PORT; torch's file store is not supported (give tcp or leave "
+        "store_type out)");
+  }
+  if (t != "tcp") {
+    throw ConfigError("--rdzv_conf store_type='" + value +
+                      "': expected tcp (torch's file store is not supported)");
+  }
+}
+
+// etcd-v3's TLS keys, under torch's names and the other usual spellings; the
+// command line checks them against the endpoints' schemes.
+void apply_tls_key(const std::string& key, const std::string& value, agent::LaunchConfig* config) {
+  std::string* file = nullptr;
+  if (key == "cacert" || key == "ca_cert") file = &config->etcd_cacert;
+  if (key == "cert" || key == "ssl_cert") file = &config->etcd_cert;
+  if (key == "key" || key == "ssl_cert_key") file = &config->etcd_key;
+  if (file) {
+    if (value.empty()) {
+      throw ConfigError("--rdzv_conf " + key + "='': expected the path of a PEM file");
+    }
+    *file = value;
+    return;
+  }
+  const std::string p = lower(value);
+  if (p != "http" && p != "https") {
+    throw ConfigError("--rdzv_conf protocol='" + value + "': expected http or https");
+  }
+  config->etcd_protocol = p;
+}
+
+// The text keys, which are not in the table: true when `key` is one of them.
+// etcd-v3's keys under another backend are a warning, their values unchecked.
+bool apply_text_key(const std::string& key, const std::string& value, const std::string& backend,
+                    agent::LaunchConfig* config, std::vector<std::string>* warnings) {
+  if (key == "store_type") {
+    check_store_type(value);
+    return true;
+  }
+  static const char* const kEtcdKeys[] = {"etcd_prefix", "protocol", "cacert", "ca_cert",
+                                          "cert",        "ssl_cert", "key",    "ssl_cert_key"};
+  if (std::find(std::begin(kEtcdKeys), std::end(kEtcdKeys), key) == std::end(kEtcdKeys)) {
+    return false;
+  }
+  if (backend != "etcd-v3") {
+    warnings->push_back("--rdzv_conf: key '" + key + "' is read by the etcd-v3 backend, not by " +
+                        backend + "; ignored");
+  } else if (key == "etcd_prefix") {
+    apply_etcd_prefix(value, config);
+  } else {
+    apply_tls_key(key, value, config);
+  }
+  return true;
+}
+
+// The hosted store's request cap holds at least one largest key and value.
+void check_request_limit(const agent::LaunchConfig& config) {
+  if (!config.store_max_request_bytes) return;
+  const store::ServerOptions server;
+  uint64_t key_limit = config.store_max_key_bytes.value_or(server.limits.max_key_bytes);
+  uint64_t value_limit = config.store_max_value_bytes.value_or(server.limits.max_value_bytes);
+  if (*config.store_max_request_bytes < key_limit + value_limit) {
+    throw ConfigError(
+        "--rdzv_conf store_max_request_bytes=" + std::to_string(*config.store_max_request_bytes) +
+        ": must be at least store_max_key_bytes + store_max_value_bytes (" +
+        std::to_string(key_limit + value_limit) + ")");
+  }
+}
+
 }  // namespace
 
 const std::vector<RdzvConfKey>& rdzv_conf_keys() {
@@ -163,83 +313,11 @@ std::chrono::milliseconds seconds_to_ms(double seconds) {
 
 void apply_rdzv_conf(const std::string& text, const std::string& backend,
                      agent::LaunchConfig* config, std::vector<std::string>* warnings) {
-  const auto& table = rdzv_conf_keys();
-  std::map<std::string, std::string> given;
-  std::vector<std::string> order;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (trim(item).empty()) continue;
-    auto eq = item.find('=');
-    std::string key = trim(item.substr(0, eq));
-    if (eq == std::string::npos || key.empty()) {
-      throw ConfigError("--rdzv_conf: '" + item + "' is not KEY=VALUE");
-    }
-    if (!given.count(key)) order.push_back(key);
-    given[key] = trim(item.substr(eq + 1));
-  }
-
   bool node_timeout_given = false;
-  for (const std::string& key : order) {
-    const std::string& value = given[key];
+  for (const auto& [key, value] : split_pairs(text)) {
     config->rdzv_conf[key] = value;
-    // etcd-v3's text keys.
-    if (key == "etcd_prefix") {
-      if (value.empty() || value[0] != '/' || value.size() > 256 ||
-          value.find_first_of(" \t\n") != std::string::npos) {
-        throw ConfigError("--rdzv_conf etcd_prefix='" + value +
-                          "': expected a key prefix starting with '/' (at most 256 characters, "
-                          "no blanks)");
-      }
-      config->etcd_prefix =
-          value.size() > 1 && value.back() == '/' ? value.substr(0, value.size() - 1) : value;
-      if (backend != "etcd-v3") {
-        warnings->push_back(
-            "--rdzv_conf: key 'etcd_prefix' is read by the etcd-v3 backend, not by " + backend +
-            "; ignored");
-      }
-      continue;
-    }
-    // torch 2.x's c10d reads store_type: tcp (its default) or file (a
-    // FileStore at a path given as the endpoint). Every store ctorchrun hosts
-    // or joins is a TCP store, so tcp is taken silently by every backend.
-    if (key == "store_type") {
-      const std::string t = lower(value);
-      if (t == "file") {
-        throw ConfigError(
-            "--rdzv_conf store_type=file: ctorchrun's rendezvous store is a TCP store at "
-            "--rdzv_endpoint HOST:PORT; torch's file store is not supported (give tcp or leave "
-            "store_type out)");
-      }
-      if (t != "tcp") {
-        throw ConfigError("--rdzv_conf store_type='" + value +
-                          "': expected tcp (torch's file store is not supported)");
-      }
-      continue;
-    }
-    // etcd-v3's TLS keys, under torch's names and the other usual spellings;
-    // the command line checks them against the endpoints' schemes.
-    std::string* file = nullptr;
-    if (key == "cacert" || key == "ca_cert") file = &config->etcd_cacert;
-    if (key == "cert" || key == "ssl_cert") file = &config->etcd_cert;
-    if (key == "key" || key == "ssl_cert_key") file = &config->etcd_key;
-    if (key == "protocol" || file) {
-      if (file) {
-        if (value.empty())
-          throw ConfigError("--rdzv_conf " + key + "='': expected the path of a PEM file");
-        *file = value;
-      } else {
-        const std::string p = lower(value);
-        if (p != "http" && p != "https")
-          throw ConfigError("--rdzv_conf protocol='" + value + "': expected http or https");
-        config->etcd_protocol = p;
-      }
-      if (backend != "etcd-v3") {
-        warnings->push_back("--rdzv_conf: key '" + key +
-                            "' is read by the etcd-v3 backend, not by " + backend + "; ignored");
-      }
-      continue;
-    }
+    if (apply_text_key(key, value, backend, config, warnings)) continue;
+    const auto& table = rdzv_conf_keys();
     auto k = std::find_if(table.begin(), table.end(),
                           [&](const RdzvConfKey& e) { return key == e.name; });
     if (k == table.end()) {
@@ -248,60 +326,35 @@ void apply_rdzv_conf(const std::string& text, const std::string& backend,
       warnings->push_back("--rdzv_conf: unknown key '" + key + "' ignored (known: " + known + ")");
       continue;
     }
-    double v = 0;
-    bool ok = false;
-    switch (k->type) {
-      case RdzvConfType::kSeconds:
-        ok = parse_seconds(value, k->min, k->min_exclusive, k->max, &v);
-        break;
-      case RdzvConfType::kInteger:
-        ok = parse_integer(value, &v) && in_range(*k, v);
-        break;
-      case RdzvConfType::kBool:
-        ok = parse_bool(value, &v);
-        break;
-    }
-    if (!ok) {
-      std::string expected =
-          k->type == RdzvConfType::kBool
-              ? "a boolean (1, true, t, yes, y or 0, false, f, no, n)"
-              : std::string(k->type == RdzvConfType::kSeconds ? "decimal seconds" : "an integer") +
-                    " in " + range_text(*k);
-      throw ConfigError("--rdzv_conf " + key + "='" + value + "': expected " + expected);
-    }
-    k->apply(*config, v);
-    if (key == "node_timeout") node_timeout_given = true;
     if (key == "timeout" && (backend == "c10d" || backend == "etcd-v3")) {
       warnings->push_back(
           "--rdzv_conf: key 'timeout' is the static backend's; under c10d, join_timeout says how "
           "long a node waits for a round to include it; ignored");
-    } else if (!backend_reads(*k, backend)) {
+      continue;
+    }
+    if (!backend_reads(*k, backend)) {
       const bool several = std::string(k->backends).find(',') != std::string::npos;
       warnings->push_back("--rdzv_conf: key '" + key + "' is read by the " + k->backends +
                           (several ? " backends" : " backend") + ", not by " + backend +
                           "; ignored");
+      continue;
     }
+    k->apply(*config, parse_value(*k, value));
+    if (key == "node_timeout") node_timeout_given = true;
   }
   if (!node_timeout_given) {
     config->node_timeout = config->keep_alive_interval * config->keep_alive_max_attempt;
   }
-  if (config->store_max_request_bytes) {
-    const store::ServerOptions server;
-    uint64_t key_limit = config->store_max_key_bytes.value_or(server.limits.max_key_bytes);
-    uint64_t value_limit = config->store_max_value_bytes.value_or(server.limits.max_value_bytes);
-    if (*config->store_max_request_bytes < key_limit + value_limit) {
-      throw ConfigError("--rdzv_conf store_max_request_bytes=" +
-                        std::to_string(*config->store_max_request_bytes) +
-                        ": must be at least store_max_key_bytes + store_max_value_bytes (" +
-                        std::to_string(key_limit + value_limit) + ")");
-    }
-  }
+  check_request_limit(*config);
 }
 
 std::string rdzv_conf_help() {
   std::string out =
       "--rdzv_conf=KEY=VALUE,... keys. Seconds are decimal; booleans are 1/true/t/yes/y or\n"
-      "0/false/f/no/n; a bad value ends the launch (exit 2), an unknown key is a warning.\n";
+      "0/false/f/no/n; a bad value ends the launch (exit 2); an unknown key, or one the\n"
+      "backend does not read, is a warning. Quotes a shell would have removed (a Kubernetes\n"
+      "args: entry --rdzv_conf='join_timeout=5,timeout=5') are dropped: one pair of matching\n"
+      "' or \" around the whole value, a key or a value.\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %-24s %-8s %-20s %-18s %-8s %s\n", "key", "type", "range",
                 "default", "backends", "meaning");

@@ -36,10 +36,12 @@ const std::vector<RdzvConfKey>& rdzv_conf_keys();
 
 // Parses "KEY=VALUE,KEY=VALUE" into config's typed rendezvous fields (and
 // keeps the pairs as given in config->rdzv_conf). Later pairs win; empty items
-// are skipped. A pair that is not KEY=VALUE, or a value outside its key's
-// type or range, throws ConfigError naming the key, the value and the range.
-// An unknown key, or one that `backend` does not read, adds one line to
-// `warnings` and is otherwise ignored. torch 2.x's store_type=tcp is taken
+// are skipped; one pair of matching quotes (' or ") around the whole text, a
+// key or a value is dropped, as a shell would have. A pair that is not
+// KEY=VALUE, or a value outside the type or range of a key `backend` reads,
+// throws ConfigError naming the key, the value and the range. An unknown key,
+// or one that `backend` does not read, adds one line to `warnings` and is
+// otherwise ignored, its value unchecked. torch 2.x's store_type=tcp is taken
 // silently by every backend; store_type=file (or anything else) throws.
 void apply_rdzv_conf(const std::string& text, const std::string& backend,
                      agent::LaunchConfig* config, std::vector<std::string>* warnings);

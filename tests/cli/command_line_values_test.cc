@@ -171,9 +171,15 @@ TEST_CASE("command line: every --rdzv_conf value is checked against its key's ra
            {"store_max_request_bytes=1000", "at least store_max_key_bytes + store_max_value_bytes"},
        }) {
     std::string key = b.pair.substr(0, b.pair.find('='));
-    require_usage_error({"--rdzv_conf=" + b.pair, "s.py"}, {key, b.expected});
+    // Under a backend that reads the key (a key it does not read is a warning).
+    std::vector<std::string> backend = {"--rdzv_backend=c10d", "--rdzv_endpoint=h:1"};
+    if (key == "timeout") backend = {};
+    backend.push_back("--rdzv_conf=" + b.pair);
+    backend.push_back("s.py");
+    require_usage_error(backend, {key, b.expected});
     // From the environment too.
-    require_usage_error({"s.py"}, {key, b.expected}, {{"PET_RDZV_CONF", b.pair}});
+    backend.erase(backend.end() - 2);
+    require_usage_error(backend, {key, b.expected}, {{"PET_RDZV_CONF", b.pair}});
   }
   require_usage_error({"--rdzv_conf=timeout=5,=3", "s.py"}, {"'=3' is not KEY=VALUE"});
 }
@@ -206,12 +212,13 @@ TEST_CASE("command line: valid --rdzv_conf values reach LaunchConfig as typed va
   CHECK(r.config.rdzv_timeout == 900000ms);
   CHECK_FALSE(r.config.store_max_value_bytes);
   CHECK_FALSE(r.config.is_host);
-  for (const char* yes : {"1", "true", "T", "yes", "Y"}) {
-    CHECK(parse_ok({std::string("--rdzv_conf=is_host=") + yes, "s.py"}).config.is_host == true);
-  }
-  for (const char* no : {"0", "False", "f", "NO", "n"}) {
-    CHECK(parse_ok({std::string("--rdzv_conf=is_host=") + no, "s.py"}).config.is_host == false);
-  }
+  auto is_host = [](const std::string& value) {
+    return parse_ok({"--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "--rdzv_conf=is_host=" + value,
+                     "s.py"})
+        .config.is_host;
+  };
+  for (const char* yes : {"1", "true", "T", "yes", "Y"}) CHECK(is_host(yes) == true);
+  for (const char* no : {"0", "False", "f", "NO", "n"}) CHECK(is_host(no) == false);
 }
 
 TEST_CASE(
@@ -225,6 +232,37 @@ TEST_CASE(
   REQUIRE(r.warnings.size() == 1);
   CHECK(r.warnings[0].find("'join_timeout' is read by the c10d, etcd-v3 backends, not by static") !=
         std::string::npos);
+  // Its value is not checked: torchrun would never read it either.
+  r = parse_ok({"--rdzv_conf=join_timeout=soon,protocol=ftp", "s.py"});
+  CHECK(r.warnings.size() == 2);
+  r = parse_ok({"--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "--rdzv_conf=timeout=5'", "s.py"});
+  REQUIRE(r.warnings.size() == 1);
+  CHECK(r.warnings[0].find("key 'timeout' is the static backend's") != std::string::npos);
+}
+
+TEST_CASE("command line: --rdzv_conf as a Kubernetes args: entry hands it over, quotes included",
+          "[unit]") {
+  // torch's own launcher test passes this, with no shell to strip the quotes.
+  for (const std::string& conf : {std::string("'join_timeout=5,last_call_timeout=1,timeout=5'"),
+                                  std::string("\"join_timeout=5,last_call_timeout=1,timeout=5\""),
+                                  std::string("join_timeout='5',last_call_timeout=\"1\",timeout=5"),
+                                  std::string("'join_timeout'=5,last_call_timeout=1,timeout=5")}) {
+    INFO(conf);
+    auto r =
+        parse_ok({"--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-conf=" + conf, "s.py"});
+    CHECK(r.config.join_timeout == 5000ms);
+    CHECK(r.config.last_call_timeout == 1000ms);
+    REQUIRE(r.warnings.size() == 1);  // timeout is the static backend's
+    CHECK(r.warnings[0].find("'timeout'") != std::string::npos);
+  }
+  // A value a key the backend reads cannot use stays exit 2, quotes or not.
+  require_usage_error(
+      {"--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "--rdzv_conf='join_timeout=soon'", "s.py"},
+      {"join_timeout='soon'", "decimal seconds"});
+  // Unmatched quotes are the value's own.
+  require_usage_error(
+      {"--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "--rdzv_conf=join_timeout='5", "s.py"},
+      {"join_timeout=''5'"});
 }
 
 TEST_CASE("command line: PET_ fallbacks are typed and validated like the command line", "[unit]") {
