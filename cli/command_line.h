@@ -20,15 +20,13 @@ struct ParseOutcome {
   std::vector<std::string> infos;     // kRun: one line each, to log at info (what Slurm gave)
 };
 
-// Parses argv as torchrun does: every option in both spellings (--nproc_per_node
-// and --nproc-per-node), PET_<NAME> environment fallbacks, a first "--" before
-// the script dropped, the script and its arguments passed through untouched.
-// `--opt=` and `--opt ''` give an empty value: it unsets --log_dir,
-// --local_addr, --rdzv_endpoint, --rdzv_conf and --local_ranks_filter and is an
-// error for the other options. --rdzv_conf is checked against the table in
-// cli/rdzv_conf.h. `env` is the launcher's environment (an empty PET_ variable
-// counts as unset). Never throws for bad input: a usage error is a kExit
-// outcome with code 2 and a one-line message.
+// Parses argv as torchrun does (cli/option_parser.h reads it through the
+// option table of cli/option_table.h) and decides what the values mean: the
+// membership, the rendezvous backend and its endpoint, --rdzv_conf (checked
+// against the table in cli/rdzv_conf.h), what Slurm gives, the program and
+// the workers' environment. `env` is the launcher's environment (an empty
+// PET_ variable counts as unset). Never throws for bad input: a usage error
+// is a kExit outcome with code 2 and a one-line message.
 ParseOutcome parse_command_line(int argc, const char* const* argv,
                                 const std::map<std::string, std::string>& env);
 
