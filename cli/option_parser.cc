@@ -6,6 +6,7 @@
 #include <charconv>
 #include <set>
 
+#include "cli/completion.h"
 #include "cli/option_table.h"
 #include "cli/rdzv_conf.h"
 #include "common/config.h"
@@ -164,7 +165,7 @@ std::unique_ptr<BoundApp> make_app(std::map<std::string, OptionValue>& values) {
   app.set_version_flag("--version", std::string("ctorchrun ") + CTORCHRUN_VERSION);
   for (const OptionRow& r : option_table()) {
     CLI::Option* o = add_row(app, r, values[r.key]);
-    o->description(r.help + " [env: " + r.env.front() + "]");
+    o->description(r.env.empty() ? r.help : r.help + " [env: " + r.env.front() + "]");
     b->rows[o] = &r;
     b->in_order.emplace_back(o, &r);
   }
@@ -349,7 +350,8 @@ std::string ParsedOptions::source(const std::string& key) const {
   const OptionValue& v = at(key);
   if (!v.spelled.empty()) return v.spelled;
   if (!v.env_name.empty()) return v.env_name;
-  return option_row(key).env.front();
+  const OptionRow& r = option_row(key);
+  return r.env.empty() ? r.long_names().front() : r.env.front();
 }
 
 std::string ParsedOptions::name(const std::string& key) const {
@@ -383,6 +385,11 @@ ParsedOptions parse_options(int argc, const char* const* argv,
     v.given = true;
     auto spelled = args.spelled.find(o->get_name());
     v.spelled = spelled == args.spelled.end() ? r->long_names().front() : spelled->second;
+  }
+  if (out.values["print_completion"].given) {
+    out.exit_now = true;
+    out.exit_message = completion_script(out.values["print_completion"].text);
+    return out;
   }
   apply_environment(*bound, args, env, &out.values);
   out.script = std::move(args.script);

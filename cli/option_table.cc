@@ -182,6 +182,12 @@ std::vector<OptionRow> own_rows() {
           "topology (nnodes, node_rank, master, port, rdzv_id, nproc_per_node); on: the same, "
           "and an error outside a step; off: ignore Slurm")
           .with_choices({"auto", "on", "off"}, true),
+      row("print_completion", "--print-completion,--print_completion", V::kText, "",
+          "print a completion script for bash, zsh or tcsh (every option of this list) and "
+          "exit; README \"Shell completion\" says where to put it")
+          .with_choices({"bash", "zsh", "tcsh"}, true)
+          .without_env()
+          .since("main"),
   };
   return rows;
 }
@@ -240,6 +246,11 @@ OptionRow& OptionRow::with_range(int lo, int hi) {
 
 OptionRow& OptionRow::completing(Completion c) {
   completion = c;
+  return *this;
+}
+
+OptionRow& OptionRow::without_env() {
+  env.clear();
   return *this;
 }
 

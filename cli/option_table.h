@@ -28,7 +28,7 @@ struct OptionRow {
   ValueType type = ValueType::kText;
   std::string default_text;  // the value when nothing gives one, as --help shows it
   std::string help;
-  std::vector<std::string> env;      // fallbacks in order; the first is PET_<KEY>
+  std::vector<std::string> env;      // fallbacks in order; the first is PET_<KEY> (none: no env)
   std::vector<std::string> choices;  // the values completed (and checked when check_choices)
   bool check_choices = false;        // anything else is a usage error naming the choices
   bool nproc_check = false;          // N, cpu, gpu, cuda or auto (--nproc_per_node)
@@ -44,6 +44,7 @@ struct OptionRow {
   OptionRow& counting_workers();  // sets nproc_check
   OptionRow& completing(Completion c);
   OptionRow& unset_by_empty();
+  OptionRow& without_env();  // torchrun reads no PET_ variable for it
   OptionRow& since(std::string torchrun_version);
 
   // The long spellings, "--nproc-per-node" then "--nproc_per_node" (as

@@ -21,6 +21,7 @@ packages=(
   slurm-wlm slurm-client munge
   debootstrap
   valgrind
+  zsh tcsh
 )
 
 missing=()

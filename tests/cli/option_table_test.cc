@@ -69,9 +69,10 @@ TEST_CASE("option table: every row is in --help and parses in each spelling and 
   for (const OptionRow& r : option_table()) {
     INFO(r.key);
     REQUIRE(!r.long_names().empty());
-    REQUIRE(!r.env.empty());
-    CHECK(r.env.front().rfind("PET_", 0) == 0);
-    CHECK(help.find("[env: " + r.env.front() + "]") != std::string::npos);
+    if (!r.env.empty()) {
+      CHECK(r.env.front().rfind("PET_", 0) == 0);
+      CHECK(help.find("[env: " + r.env.front() + "]") != std::string::npos);
+    }
     std::vector<std::string> spellings = r.long_names();
     if (!r.short_name().empty()) spellings.push_back(r.short_name());
     for (const std::string& s : spellings) {
@@ -81,6 +82,10 @@ TEST_CASE("option table: every row is in --help and parses in each spelling and 
       if (r.takes_value()) args.push_back(sample_value(r));
       args.push_back("s.py");
       ParsedOptions o = parse_raw(args);
+      if (r.key == "print_completion") {
+        CHECK(o.exit_now);
+        continue;
+      }
       CHECK(o.at(r.key).given);
       CHECK(o.at(r.key).spelled == s);
       CHECK(o.source(r.key) == s);
