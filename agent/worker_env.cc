@@ -1,5 +1,7 @@
 #include "agent/worker_env.h"
 
+#include <unistd.h>
+
 #include <cctype>
 
 namespace ctorchrun::agent {
@@ -59,12 +61,20 @@ std::vector<std::string> substitute_local_rank(const std::vector<std::string>& a
   return out;
 }
 
+std::string short_hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  const std::string name = buf;
+  return name.substr(0, name.find('.'));
+}
+
 std::string log_line_prefix(const std::string& tmpl, const std::string& role, int rank,
-                            int local_rank) {
+                            int local_rank, const std::string& hostname) {
   if (tmpl.empty()) return "[" + role + std::to_string(local_rank) + "]:";
   const std::map<std::string, std::string> values = {{"role_name", role},
                                                      {"rank", std::to_string(rank)},
-                                                     {"local_rank", std::to_string(local_rank)}};
+                                                     {"local_rank", std::to_string(local_rank)},
+                                                     {"hostname", hostname}};
   // Python's identifier pattern for Template: [_a-z][_a-z0-9]*, any case
   // (re.IGNORECASE), looked up case-sensitively.
   auto id_start = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)); };

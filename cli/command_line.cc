@@ -470,7 +470,10 @@ void set_output(const ParsedOptions& o, const std::map<std::string, std::string>
   const std::vector<int>& filter = o.at("local_ranks_filter").list;
   if (!filter.empty()) c->local_ranks_filter = filter;
   c->events_file = o.at("events_file").text;
-  c->log_line_prefix_template = getenv_or(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "");
+  // torch main: the option, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
+  const std::string& prefix = o.at("log_line_prefix_template").text;
+  c->log_line_prefix_template =
+      prefix.empty() ? getenv_or(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "") : prefix;
   c->role = o.at("role").text;
 }
 

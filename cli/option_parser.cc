@@ -104,7 +104,7 @@ Every option can also be set as PET_<NAME> in the environment (PET_NPROC_PER_NOD
 as with torchrun; the command line wins, an empty variable counts as unset. Other
 variables read: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
 TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (the teed
-lines' prefix: ${role_name}, ${rank}, ${local_rank}), OMP_NUM_THREADS (set to 1 for
+lines' prefix, as --log_line_prefix_template), OMP_NUM_THREADS (set to 1 for
 the workers when unset and nproc_per_node > 1).
 
 Workers get torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,

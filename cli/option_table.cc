@@ -120,6 +120,13 @@ std::vector<OptionRow> output_rows() {
           "[<role><local_rank>]:; same syntax as --redirects")
           .with_choices({"0", "1", "2", "3"}, false)
           .since("1.13"),
+      row("log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template",
+          V::kText, "",
+          "prefix of each teed console line: ${role_name}, ${rank}, ${local_rank}, ${hostname} "
+          "(the short host name) are replaced (default [${role_name}${local_rank}]:; beats "
+          "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)")
+          .unset_by_empty()
+          .since("main"),
       row("local_ranks_filter", "--local-ranks-filter,--local_ranks_filter", V::kIntegerList, "",
           "comma-separated local ranks whose output reaches the console; the others print "
           "nothing (teed streams go to their files only, the rest to /dev/null)")

@@ -145,9 +145,13 @@ TEST_CASE("worker env: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE expands as Python's
       {"${rank}0 $rank0 $$rank $ ${rank ${} $1 ${RANK} $Rank ${nope} end$",
        "50 $rank0 $rank $ ${rank ${} $1 ${RANK} $Rank ${nope} end$"},
       {"rank=${rank}, lr=${local_rank}:", "rank=5, lr=1:"},
+      {"[${hostname}]:${rank}: ", "[node7]:5: "},  // torch main's macro
+      {"$hostname$hostnames", "node7$hostnames"},
   };
   for (const auto& [tmpl, expected] : cases) {
     INFO(tmpl);
-    CHECK(log_line_prefix(tmpl, "trainer", 5, 1) == expected);
+    CHECK(log_line_prefix(tmpl, "trainer", 5, 1, "node7") == expected);
   }
+  CHECK(short_hostname().find('.') == std::string::npos);
+  CHECK_FALSE(short_hostname().empty());
 }

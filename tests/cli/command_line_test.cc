@@ -487,4 +487,13 @@ TEST_CASE("command line: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE reaches the launc
   REQUIRE(r.kind == ParseOutcome::Kind::kRun);
   CHECK(r.config.log_line_prefix_template == "[${rank}]:");
   CHECK(parse({"s.py"}).config.log_line_prefix_template.empty());
+  // torch main's option beats the variable; an empty one leaves it to it.
+  r = parse({"--log-line-prefix-template=[${hostname}]", "s.py"},
+            {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]:"}});
+  CHECK(r.config.log_line_prefix_template == "[${hostname}]");
+  r = parse({"--log_line_prefix_template=", "s.py"},
+            {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]:"}});
+  CHECK(r.config.log_line_prefix_template == "[${rank}]:");
+  r = parse({"s.py"}, {{"PET_LOG_LINE_PREFIX_TEMPLATE", "<${local_rank}>"}});
+  CHECK(r.config.log_line_prefix_template == "<${local_rank}>");
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "agent/worker_env.h"
 #include "tests/launcher/launcher_support.h"
 #include "worker/numa_binding.h"
 
@@ -139,6 +140,13 @@ TEST_CASE(
   CHECK(r.output.find("<w|0|0>out-0") != std::string::npos);
   CHECK(r.output.find("<w|1|1>out-1") != std::string::npos);
   CHECK(r.output.find("[w0]:") == std::string::npos);
+  // torch main's --log-line-prefix-template, with its ${hostname}.
+  r = run_ctorchrun(concat({"--standalone", "--nproc_per_node=2", "--tee=3",
+                            "--log-line-prefix-template=${hostname}:${rank}: "},
+                           sh("echo out-$RANK")));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find(ctorchrun::agent::short_hostname() + ":1: out-1") != std::string::npos);
 }
 
 TEST_CASE(
