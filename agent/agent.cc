@@ -1413,17 +1413,25 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
 RunResult ElasticAgent::Impl::run() {
   host_ = c_.local_addr.empty() ? hostname() : c_.local_addr;
   if (c_.numa_binding) {
+    worker::NumaPlan plan;
     try {
-      auto cuda = c_.environment.find("CUDA_VISIBLE_DEVICES");
-      const auto topology = worker::read_cpu_topology(c_.sysfs_root);
-      const std::optional<std::string> visible =
-          cuda == c_.environment.end() ? std::nullopt : std::optional<std::string>(cuda->second);
-      numa_cpus_ = worker::numa_cpus(*c_.numa_binding, topology, c_.nproc_per_node, visible);
-      numa_memory_ =
-          worker::numa_memory_nodes(*c_.numa_binding, topology, c_.nproc_per_node, visible);
+      worker::NumaHost host;
+      host.sysfs_root = c_.sysfs_root;
+      host.proc_root = c_.proc_root;
+      auto value = [this](const char* name) -> std::optional<std::string> {
+        auto it = c_.environment.find(name);
+        if (it == c_.environment.end()) return std::nullopt;
+        return it->second;
+      };
+      host.cuda_visible_devices = value("CUDA_VISIBLE_DEVICES");
+      host.cuda_device_order = value("CUDA_DEVICE_ORDER");
+      plan = worker::plan_numa_binding(*c_.numa_binding, c_.nproc_per_node, host);
     } catch (const Error& e) {
       return finish(kUsage, e.what());
     }
+    for (const auto& w : plan.warnings) log_->warn("{}", w);
+    numa_cpus_ = std::move(plan.cpus);
+    numa_memory_ = std::move(plan.memory);
     const std::string no_policy = worker::memory_policy_unavailable();
     if (!no_policy.empty()) {
       log_->warn("numa binding: CPUs only, no memory policy ({})", no_policy);
@@ -1435,8 +1443,12 @@ RunResult ElasticAgent::Impl::run() {
       return list;
     };
     for (size_t lr = 0; lr < numa_cpus_.size(); ++lr) {
+      if (numa_cpus_[lr].empty()) {
+        log_->info("numa binding: local rank {} unbound", lr);
+        continue;
+      }
       log_->info("numa binding: local rank {} on CPUs {}{}", lr, text(numa_cpus_[lr]),
-                 lr < numa_memory_.size()
+                 lr < numa_memory_.size() && !numa_memory_[lr].empty()
                      ? ", memory of node " + text(numa_memory_[lr]) + " preferred"
                      : "");
     }

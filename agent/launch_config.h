@@ -98,9 +98,11 @@ struct LaunchConfig {
   std::string python;
   std::string role = "default";
   // --numa-binding: each local rank's CPUs near its GPU (worker/numa_binding.h),
-  // read from sysfs at `sysfs_root` ($CTORCHRUN_SYSFS_ROOT, for tests; /sys).
+  // read from sysfs at `sysfs_root` ($CTORCHRUN_SYSFS_ROOT, for tests; /sys),
+  // the GPUs this process sees from `proc_root`/driver/nvidia/gpus.
   std::optional<worker::NumaBinding> numa_binding;
   std::string sysfs_root = "/sys";
+  std::string proc_root = "/proc";
   // Name shown in the failure summary: the script, module or binary.
   std::string entrypoint_name;
 

@@ -43,7 +43,10 @@
 #include <array>
 // vfork for spawning workers: glibc has it, but Boost.Process enables its
 // vfork path only for old POSIX levels. The child setup below allocates
-// nothing and writes only its own locals, as a vfork child must.
+// nothing and writes only its own locals and a ChildFailure the parent
+// preallocated, as a vfork child must; it calls execve itself, so that none
+// of Boost.Process's own error reporting (which assigns std::strings) runs in
+// the child.
 #ifndef BOOST_POSIX_HAS_VFORK
 #define BOOST_POSIX_HAS_VFORK 1
 #endif
@@ -242,6 +245,28 @@ class OutputPump : public std::enable_shared_from_this<OutputPump> {
 };
 
 // ---------------------------------------------------------------------------
+// The step of a worker's set-up, between fork and exec, that failed.
+enum class ChildStep : int {
+  kNone = 0,
+  kSetsid,
+  kDeathSignal,
+  kChdir,
+  kAffinity,
+  kMemoryPolicy,
+  kStdout,
+  kStderr,
+  kExec,
+};
+
+// Written by the vfork child just before it exits, read by the parent once
+// vfork returns (the child shares the parent's memory until then): plain
+// ints, no allocation.
+struct ChildFailure {
+  ChildStep step = ChildStep::kNone;
+  int error = 0;
+};
+
+// ---------------------------------------------------------------------------
 // The Boost.Process extension that prepares a worker: argv, environment and
 // the child-side set-up. Everything is built in the parent; the child side
 // (on_exec_setup) runs between fork and exec of a multi-threaded process, so
@@ -255,7 +280,8 @@ struct SpawnSetup : bp::extend::handler {
   int stderr_fd = -1;
   pid_t agent_pid = 0;
   int watcher_fd = -1;              // the watcher channel: the child announces "+<pgid>" on it
-  pid_t* failed_pid = nullptr;      // set when the child was forked but could not exec
+  pid_t* failed_pid = nullptr;      // set when the child was forked but Boost.Process failed
+  ChildFailure* failure = nullptr;  // set by the child when a step of its set-up fails
   const cpu_set_t* cpus = nullptr;  // the worker's CPU affinity (--numa-binding); null: the agent's
   // The worker's preferred memory nodes (--numa-binding): node masks for
   // set_mempolicy, every node and the first alone; null: the agent's policy.
@@ -296,14 +322,14 @@ struct SpawnSetup : bp::extend::handler {
         ::sigaction(sig, &sa, nullptr);
       }
     }
-    if (::setsid() < 0) fail(exec, "setsid() failed");
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) fail(exec, "prctl() failed");
+    if (::setsid() < 0) fail(ChildStep::kSetsid);
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) fail(ChildStep::kDeathSignal);
     // The agent may have died before PDEATHSIG was armed: then nobody would.
     if (::getppid() != agent_pid) ::_exit(127);
     announce_group();
-    if (cwd != nullptr && ::chdir(cwd) != 0) fail(exec, "chdir() failed");
+    if (cwd != nullptr && ::chdir(cwd) != 0) fail(ChildStep::kChdir);
     if (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
-      fail(exec, "sched_setaffinity() failed (--numa-binding's CPUs)");
+      fail(ChildStep::kAffinity);
     }
     if (mem_many != nullptr) {
       constexpr int kPreferred = 1, kPreferredMany = 5;  // MPOL_PREFERRED(_MANY)
@@ -312,14 +338,18 @@ struct SpawnSetup : bp::extend::handler {
       if (mem_several) rc = ::syscall(SYS_set_mempolicy, kPreferredMany, mem_many, kMaxNode);
       // Before Linux 5.15 there is no MPOL_PREFERRED_MANY: the rank's node alone.
       if (rc != 0) rc = ::syscall(SYS_set_mempolicy, kPreferred, mem_first, kMaxNode);
-      if (rc != 0) fail(exec, "set_mempolicy() failed (--numa-binding's memory nodes)");
+      if (rc != 0) fail(ChildStep::kMemoryPolicy);
     }
-    if (stdout_fd >= 0) install(exec, stdout_fd, STDOUT_FILENO);
-    if (stderr_fd >= 0) install(exec, stderr_fd, STDERR_FILENO);
+    if (stdout_fd >= 0) install(stdout_fd, STDOUT_FILENO, ChildStep::kStdout);
+    if (stderr_fd >= 0) install(stderr_fd, STDERR_FILENO, ChildStep::kStderr);
     mark_fds_cloexec();
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // Exec here rather than return to Boost.Process, whose failure path
+    // assigns a std::string in the child.
+    ::execve(exec.exe, exec.cmd_line, exec.env);
+    fail(ChildStep::kExec);
   }
 
   // Tells the watcher about this new process group (pgid == pid after
@@ -341,25 +371,25 @@ struct SpawnSetup : bp::extend::handler {
     (void)ignored;
   }
 
-  template <class Executor>
-  static void fail(Executor& exec, const char* what) {
-    exec.set_error(std::error_code(errno, std::system_category()), what);
+  // Records the failed step and errno for the parent and exits.
+  [[noreturn]] void fail(ChildStep step) const {
+    failure->error = errno;
+    failure->step = step;
     ::_exit(127);
   }
 
-  template <class Executor>
-  static void install(Executor& exec, int fd, int target) {
+  void install(int fd, int target, ChildStep step) const {
     if (fd == target) {  // dup2 would keep close-on-exec set
-      if (::fcntl(fd, F_SETFD, 0) != 0) fail(exec, "fcntl() failed");
+      if (::fcntl(fd, F_SETFD, 0) != 0) fail(step);
     } else if (::dup2(fd, target) < 0) {
-      fail(exec, "dup2() failed");
+      fail(step);
     }
   }
 
   // Only fds 0-2 reach the worker (as Python's close_fds=True): in
   // particular not the agent's end of the watcher channel, whose EOF is how
-  // the watcher learns that the agent died. Marked rather than closed so
-  // that Boost.Process's exec-error pipe still works.
+  // the watcher learns that the agent died. Marked rather than closed:
+  // should exec fail, the set-up leaves no fd of the agent's closed.
   static void mark_fds_cloexec() {
     if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
     // Kernels before 5.11: walk /proc/self/fd without allocating.
@@ -676,6 +706,38 @@ std::vector<pid_t> ProcessLauncher::start(const std::vector<WorkerSpec>& specs) 
   return pids;
 }
 
+std::string int_list(const std::vector<int>& v) {
+  std::string out;
+  for (int x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out;
+}
+
+// What a failed set-up step was doing, for the error message; a failed exec
+// names the program, as execvp's callers do.
+std::string child_step_text(ChildStep step, const WorkerSpec& spec, const std::string& program) {
+  switch (step) {
+    case ChildStep::kSetsid:
+      return "setsid() failed";
+    case ChildStep::kDeathSignal:
+      return "prctl(PR_SET_PDEATHSIG) failed";
+    case ChildStep::kChdir:
+      return "chdir(" + spec.cwd + ") failed";
+    case ChildStep::kAffinity:
+      return "sched_setaffinity() to CPUs " + int_list(spec.cpus) + " failed (--numa-binding)";
+    case ChildStep::kMemoryPolicy:
+      return "set_mempolicy() preferring NUMA nodes " + int_list(spec.memory_nodes) +
+             " failed (--numa-binding)";
+    case ChildStep::kStdout:
+      return "dup2() of the worker's stdout failed";
+    case ChildStep::kStderr:
+      return "dup2() of the worker's stderr failed";
+    case ChildStep::kExec:
+    case ChildStep::kNone:
+      break;
+  }
+  return program;
+}
+
 std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   auto fail = [&spec](const std::string& why) {
     return IoError("cannot start worker local_rank=" + std::to_string(spec.local_rank) + ": " +
@@ -774,6 +836,8 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   setup.agent_pid = agent_pid_;
   setup.watcher_fd = watcher_->channel_fd();
   setup.failed_pid = &failed_pid;
+  ChildFailure failure;
+  setup.failure = &failure;
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   for (int c : spec.cpus) {
@@ -807,14 +871,21 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     // would kill or waitpid it.
     child.detach();
   }
-  if (ec || pid <= 0) {
-    if (failed_pid > 0) {  // forked, then exec (or set-up) failed: reap it
+  // vfork returned: the child has exec'd or exited, and a failed set-up
+  // step is in `failure`.
+  if (ec || pid <= 0 || failure.step != ChildStep::kNone) {
+    // Forked, then set-up or exec failed: reap the child.
+    const pid_t forked = pid > 0 ? pid : failed_pid;
+    if (forked > 0) {
       int status = 0;
-      while (::waitpid(failed_pid, &status, 0) < 0 && errno == EINTR) {
+      while (::waitpid(forked, &status, 0) < 0 && errno == EINTR) {
       }
-      own(failed_pid, false);
+      own(forked, false);
     }
-    if (pid > 0) own(pid, false);
+    if (failure.step != ChildStep::kNone) {
+      throw fail(child_step_text(failure.step, spec, program) + ": " +
+                 std::strerror(failure.error));
+    }
     throw fail(program + ": " + (ec ? ec.message() : std::string("spawn failed")));
   }
   watcher_->watch(pid);

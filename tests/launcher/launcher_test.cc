@@ -1,6 +1,7 @@
 // End-to-end: the ctorchrun binary with real worker processes (shell
 // workers), one or several agents on 127.0.0.1.
 
+#include <sched.h>
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -209,6 +210,42 @@ TEST_CASE(
   auto bad = run_ctorchrun({"--numa-binding=numa", "--no_python", "/bin/true"});
   CHECK(bad.exit_code == 2);
   CHECK(bad.output.find("expected node, socket, exclusive or core-complex") != std::string::npos);
+}
+
+TEST_CASE(
+    "ctorchrun: --numa-binding keeps each worker inside the launcher's own CPU affinity "
+    "(taskset), and takes CUDA_VISIBLE_DEVICES of GPU UUIDs and MIG instances",
+    "[multiproc]") {
+  cpu_set_t before;
+  REQUIRE(::sched_getaffinity(0, sizeof before, &before) == 0);
+  int last = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &before)) last = c;
+  }
+  REQUIRE(last >= 0);
+  // As `taskset -c <last>`: ctorchrun inherits this thread's affinity.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(last, &one);
+  REQUIRE(::sched_setaffinity(0, sizeof one, &one) == 0);
+  TempDir d;
+  auto r = run_ctorchrun(
+      {"--standalone", "--nproc_per_node=2", "--numa-binding=node", "--no_python", "/bin/sh", "-c",
+       "grep Cpus_allowed_list /proc/self/status > " + d.path + "/cpus_$LOCAL_RANK"});
+  ::sched_setaffinity(0, sizeof before, &before);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const char* rank : {"cpus_0", "cpus_1"}) {
+    CHECK(read_file(d.file(rank)) == "Cpus_allowed_list:\t" + std::to_string(last) + "\n");
+  }
+  // GPU UUIDs and MIG instances are CUDA_VISIBLE_DEVICES entries like any
+  // other, on a machine with GPUs or without.
+  auto uuids = run_ctorchrun(
+      {"--standalone", "--nproc_per_node=2", "--numa-binding=node", "--no_python", "/bin/true"},
+      {{"CUDA_VISIBLE_DEVICES",
+        "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,MIG-1b2c3d4e-0000-5111-8222-333344445555"}});
+  INFO(uuids.output);
+  CHECK(uuids.exit_code == 0);
 }
 
 TEST_CASE("ctorchrun: --log_dir keeps torchrun's layout, --redirects and --tee route output",

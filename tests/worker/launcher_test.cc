@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "tests/worker/worker_test_util.h"
+#include "worker/numa_binding.h"
 
 using namespace ctorchrun;
 using namespace ctorchrun::worker;
@@ -299,6 +300,48 @@ TEST_CASE(
   CHECK(message(spec) ==
         "cannot start worker local_rank=0: " + script + ": No such file or directory");
   CHECK(no_stray_children());
+}
+
+TEST_CASE(
+    "ProcessLauncher: a set-up step that fails between fork and exec is named with its errno, "
+    "and a failed exec names the program",
+    "[multiproc]") {
+  TempDir dir;
+  auto launcher = make_process_launcher();
+  auto message = [&](const WorkerSpec& spec) -> std::string {
+    try {
+      launcher->start({spec});
+    } catch (const IoError& e) {
+      return e.what();
+    }
+    launcher->stop(SIGKILL, 0ms);
+    return "no error";
+  };
+  // A CPU this machine does not have: sched_setaffinity fails in the child.
+  WorkerSpec spec = fake_spec(1, {"--exit", "0"});
+  spec.cpus = {1000};
+  CHECK(message(spec) ==
+        "cannot start worker local_rank=1: sched_setaffinity() to CPUs 1000 failed "
+        "(--numa-binding): Invalid argument");
+  // A NUMA node it does not have: set_mempolicy fails (where it is allowed at all).
+  if (memory_policy_unavailable().empty()) {
+    spec = fake_spec(2, {"--exit", "0"});
+    spec.memory_nodes = {1000};
+    CHECK(message(spec) ==
+          "cannot start worker local_rank=2: set_mempolicy() preferring NUMA nodes 1000 failed "
+          "(--numa-binding): Invalid argument");
+  }
+  // An executable file the kernel cannot run: exec's failure blames the program.
+  std::string junk = dir.file("junk");
+  { std::ofstream(junk) << "not a program\n"; }
+  ::chmod(junk.c_str(), 0755);
+  spec = fake_spec(0, {});
+  spec.argv = {junk};
+  CHECK(message(spec) == "cannot start worker local_rank=0: " + junk + ": Exec format error");
+  CHECK(no_stray_children());
+  // The launcher is usable again.
+  launcher->start({fake_spec(0, {"--exit", "0"})});
+  CHECK_FALSE(only(wait_for_exits(*launcher, 1, 10s)).failed());
 }
 
 TEST_CASE("ProcessLauncher: stop() SIGKILLs a worker ignoring SIGTERM once the grace is over",
