@@ -266,6 +266,7 @@ void set_node_features(const ParsedOptions& o, const std::map<std::string, std::
                        ": expected node, socket, exclusive or core-complex");
     }
     c->sysfs_root = getenv_or(env, "CTORCHRUN_SYSFS_ROOT", "/sys");
+    c->proc_root = getenv_or(env, "CTORCHRUN_PROC_ROOT", "/proc");
   }
   const std::string& handler = o.at("event_log_handler").text;
   if (handler != "null" && handler != "console") {

@@ -158,8 +158,9 @@ std::vector<OptionRow> node_rows() {
           .since("2.6"),
       row("numa_binding", "--numa-binding,--numa_binding", V::kText, "",
           "node, socket, exclusive or core-complex: each local rank runs on CPUs near its GPU (the "
-          "i-th of CUDA_VISIBLE_DEVICES, GPUs in PCI bus order; without GPUs ranks are spread "
-          "over the NUMA nodes in order) and prefers that node's memory, from sysfs")
+          "i-th entry of CUDA_VISIBLE_DEVICES, an index, GPU UUID or MIG instance, among the GPUs "
+          "this process sees; without GPUs ranks are spread over the NUMA nodes in order), within "
+          "the launcher's own CPUs, and prefers that node's memory, from sysfs")
           .with_choices({"node", "socket", "exclusive", "core-complex"}, false)
           .since("main"),
   };
