@@ -1561,6 +1561,7 @@ void ElasticAgent::Impl::start_torch_agent_features() {
   std::string error;
   if (auto port = health_check_port(c_.environment, &error)) {
     HealthServerOptions o;
+    o.host = c_.status_host;
     o.port = *port;
     try {
       health_server_ = std::make_unique<HealthServer>(o, health_);

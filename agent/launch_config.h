@@ -117,8 +117,12 @@ struct LaunchConfig {
   std::string events_file;
   // --event_log_handler=console: every event record on stderr too.
   bool events_to_console = false;
-  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE from the launcher's environment
-  // (see log_line_prefix in agent/worker_env.h); empty: "[<role><local_rank>]:".
+  // --status_host: the address the agent's HTTP endpoints bind
+  // (TORCHELASTIC_HEALTH_CHECK_PORT's server); 0.0.0.0 so that a Kubernetes
+  // probe reaches the pod's address.
+  std::string status_host = "0.0.0.0";
+  // --log_line_prefix_template, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE from the launcher's
+  // environment (see log_line_prefix in agent/worker_env.h); empty: "[<role><local_rank>]:".
   std::string log_line_prefix_template;
 
   unsigned redirects_for(int local_rank) const {

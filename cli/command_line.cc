@@ -437,6 +437,7 @@ void set_rendezvous(const ParsedOptions& o, const SlurmFill& slurm, ParseOutcome
     c.etcd_key.clear();
   }
   c.local_addr = o.at("local_addr").text;
+  c.status_host = o.at("status_host").text;
 }
 
 // Timeouts and the signals forwarded to the workers.

@@ -497,3 +497,9 @@ TEST_CASE("command line: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE reaches the launc
   r = parse({"s.py"}, {{"PET_LOG_LINE_PREFIX_TEMPLATE", "<${local_rank}>"}});
   CHECK(r.config.log_line_prefix_template == "<${local_rank}>");
 }
+
+TEST_CASE("command line: --status_host picks the address of the agent's HTTP endpoints", "[unit]") {
+  CHECK(parse({"s.py"}).config.status_host == "0.0.0.0");  // Kubernetes reaches the pod's address
+  CHECK(parse({"--status-host=127.0.0.1", "s.py"}).config.status_host == "127.0.0.1");
+  CHECK(parse({"s.py"}, {{"PET_STATUS_HOST", "::1"}}).config.status_host == "::1");
+}
