@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/json_text.h"
 #include "common/log.h"
 
 extern char** environ;
@@ -86,7 +87,10 @@ bool parse_file_line(const std::string& l, std::string* file, int* line, std::st
 std::string frame_text(const std::string& file, int line, const std::string& name) {
   std::string out = name + " at " + base_name(file) + ":" + std::to_string(line);
   std::string src = source_line(file, line);
-  if (!src.empty()) out += " (" + src.substr(0, 80) + ")";
+  // At most 80 bytes of the line, cut between characters: a cut inside one
+  // (a comment in Chinese, an accented string) would be invalid UTF-8 in the
+  // summary and in the events that carry it.
+  if (!src.empty()) out += " (" + json_text::utf8_prefix(src, 80) + ")";
   return out;
 }
 

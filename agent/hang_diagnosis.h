@@ -74,7 +74,8 @@ bool request_flight_recorder(const std::string& pipe, std::chrono::milliseconds 
 // faulthandler dump ("File "x.py", line 12 in f", most recent call first,
 // the main thread's block last) or a traceback ("File "x.py", line 12, in
 // f", most recent call last). "f at x.py:12", with the source line in
-// parentheses when the file can be read; "" when there is none.
+// parentheses when the file can be read (at most its first 80 bytes, cut
+// between UTF-8 characters); "" when there is none.
 std::string innermost_python_frame(const std::string& text);
 
 // "ranks 0-2 in all_reduce at d.py:9; rank 3 in <module> at w.py:4": ranks
