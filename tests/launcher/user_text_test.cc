@@ -29,6 +29,39 @@ std::vector<nlohmann::json> events_of(const std::string& path) {
 
 }  // namespace
 
+TEST_CASE("ctorchrun: a run id or a missing program's path that is not UTF-8 is no internal error",
+          "[multiproc]") {
+  TempDir d;
+  const std::string run_id = "job\xff\xfe";
+  const std::vector<std::vector<std::string>> rendezvous = {
+      {"--master_port=" + std::to_string(free_port())},
+      {"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(free_port())}};
+  for (const auto& rdzv : rendezvous) {
+    INFO(rdzv[0]);
+    // The run id is kept whole: in the store's records and in the events.
+    auto r =
+        run_ctorchrun(concat(rdzv, {"--rdzv_id=" + run_id, "--events_file=" + d.file("events.json"),
+                                    "--no_python", "/bin/true"}),
+                      {}, 60s);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    auto events = events_of(d.file("events.json"));
+    REQUIRE_FALSE(events.empty());
+    for (const auto& e : events) {
+      REQUIRE(e.is_object());
+      CHECK(e["run_id"].get<std::string>() == run_id);
+    }
+    std::remove(d.file("events.json").c_str());
+    // A missing program whose path is not UTF-8: a usage error, as with any
+    // missing program.
+    r = run_ctorchrun(concat(rdzv, {"--no_python", d.path + "/\xff/x\xc3"}), {}, 60s);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "No such file or directory"));
+    CHECK_FALSE(contains(r.output, "internal error"));
+  }
+}
+
 TEST_CASE("hang: a hung line with multi-byte UTF-8 past byte 80 is named and fails as a hang",
           "[multiproc]") {
   TempDir d;
