@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -302,6 +303,14 @@ std::vector<RankFrame> diagnose_hang(const std::vector<DiagnosisTarget>& targets
     from[i] = file_size(t.stderr_path);
     if (running(t.pid)) {
       ::kill(t.pid, SIGSTOP);
+      // No core dump for an abort that only asks for stacks: where cores are
+      // enabled, each would be the worker's whole memory (over 100 MB with
+      // torch imported), one per hung worker, often in a shared working
+      // directory. The target's own limit, set from here (prlimit(2)).
+      const struct rlimit no_core { 0, 0 };
+      if (::prlimit(t.pid, RLIMIT_CORE, &no_core, nullptr) != 0) {
+        log->debug("hang: cannot turn off core dumps of pid {}: {}", t.pid, std::strerror(errno));
+      }
       aborted[i] = ::kill(t.pid, SIGABRT) == 0;
     }
   }

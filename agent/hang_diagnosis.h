@@ -14,6 +14,8 @@
 //  3. Python stacks of every thread: SIGABRT to the worker, whose
 //     PYTHONFAULTHANDLER (set by the agent in hang mode) prints them to fd 2,
 //     which in hang mode reaches the agent's log file of the worker's stderr.
+//     The worker's RLIMIT_CORE is set to 0 first (prlimit(2)), so that the
+//     abort dumps no core.
 // Everything of a rank goes to <dir>/hang.txt (its attempt's log directory).
 // From the Python stacks each rank's frame is named: the innermost frame of
 // its main thread ("all_reduce at distributed_c10d.py:1536").

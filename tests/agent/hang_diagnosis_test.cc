@@ -174,3 +174,34 @@ TEST_CASE("hang: a frame's source line is cut at 80 bytes between UTF-8 characte
     CHECK_NOTHROW(nlohmann::json{{"frames", frame}}.dump());
   }
 }
+
+TEST_CASE("hang: the stacks' SIGABRT is sent with core dumps turned off", "[multiproc]") {
+  testing::TempDir dir;
+  // Cores allowed, SIGABRT ignored (so that the process outlives the abort
+  // and its limit can be read back).
+  testing::Process p(
+      {"/bin/sh", "-c", "ulimit -c unlimited && trap '' ABRT && echo ready && exec sleep 60"});
+  REQUIRE(p.read_line(10s) == "ready");
+  const std::string limits = "/proc/" + std::to_string(p.pid()) + "/limits";
+  auto core_limit = [&] {
+    for (std::istringstream in(testing::read_file(limits)); in;) {
+      std::string l;
+      std::getline(in, l);
+      if (l.rfind("Max core file size", 0) == 0) return l;
+    }
+    return std::string();
+  };
+  REQUIRE_THAT(core_limit(), Catch::Contains("unlimited"));
+  DiagnosisOptions o;
+  o.budget = 2s;
+  o.abort_wait = 100ms;
+  auto frames = diagnose_hang({{0, 0, p.pid(), dir.path, dir.file("stderr.log")}}, o);
+  REQUIRE(frames.size() == 1);
+  const std::string after = core_limit();
+  INFO(after);
+  std::istringstream fields(after.substr(std::string("Max core file size").size()));
+  std::string soft, hard;
+  fields >> soft >> hard;
+  CHECK(soft == "0");
+  CHECK(hard == "0");
+}
