@@ -27,6 +27,7 @@
 #include "agent/worker_env.h"
 #include "common/error.h"
 #include "common/exit_codes.h"
+#include "common/json_text.h"
 #include "common/log.h"
 #include "rendezvous/c10d_handler.h"
 #include "rendezvous/static_handler.h"
@@ -943,7 +944,7 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
   try {
     nlohmann::json mine = nlohmann::json::array();
     for (const auto& f : frames) mine.push_back({{"rank", f.rank}, {"frame", f.frame}});
-    info_.store->set(keys::stacks(k, info_.group_rank), mine.dump());
+    info_.store->set(keys::stacks(k, info_.group_rank), json_text::dump_record(mine));
     if (root.node_rank == info_.group_rank) {
       // Nodes diagnose at once; one on a busy machine may take its whole
       // budget.
@@ -957,7 +958,7 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
         } catch (const TimeoutError&) {
           continue;
         }
-        auto j = nlohmann::json::parse(info_.store->get(keys::stacks(k, n)), nullptr, false);
+        auto j = json_text::parse_record(info_.store->get(keys::stacks(k, n)));
         if (!j.is_array()) continue;
         for (const auto& f : j) {
           if (f.is_object() && f.contains("rank") && f["rank"].is_number_integer() &&

@@ -4,6 +4,7 @@
 #include <ctime>
 
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/log.h"
 #include "worker/console.h"
 
@@ -38,7 +39,7 @@ void EventLog::emit(const std::string& event, int attempt, nlohmann::json fields
                       {"node_rank", node_rank_},
                       {"attempt", attempt}};
   for (auto& [k, v] : fields.items()) j[k] = v;
-  const std::string line = j.dump();
+  const std::string line = json_text::dump_record(j);
   if (to_console_) worker::Console::write(2, line + "\n");
   if (!to_file_) return;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/json_text.h"
 #include "worker/launcher.h"
 
 namespace ctorchrun::agent {
@@ -80,7 +81,7 @@ std::string FailureRecord::to_json() const {
                       {"message", message},
                       {"attempt", attempt},
                       {"hang", hang}};
-  return j.dump();
+  return json_text::dump_record(j);
 }
 
 namespace {
@@ -91,8 +92,8 @@ int64_t int_field(const nlohmann::json& j, const char* key, int64_t def, const c
   auto it = j.find(key);
   if (it == j.end()) return def;
   if (!it->is_number_integer()) {
-    throw ProtocolError(std::string(what) + ": key '" + key +
-                        "' is not an integer: " + it->dump().substr(0, 80));
+    throw ProtocolError(std::string(what) + ": key '" + key + "' is not an integer: " +
+                        json_text::utf8_prefix(json_text::dump_for_people(*it), 80));
   }
   return it->get<int64_t>();
 }
@@ -101,8 +102,8 @@ std::string string_field(const nlohmann::json& j, const char* key, const char* w
   auto it = j.find(key);
   if (it == j.end()) return {};
   if (!it->is_string()) {
-    throw ProtocolError(std::string(what) + ": key '" + key +
-                        "' is not a string: " + it->dump().substr(0, 80));
+    throw ProtocolError(std::string(what) + ": key '" + key + "' is not a string: " +
+                        json_text::utf8_prefix(json_text::dump_for_people(*it), 80));
   }
   return it->get<std::string>();
 }
@@ -111,8 +112,8 @@ bool bool_field(const nlohmann::json& j, const char* key, const char* what) {
   auto it = j.find(key);
   if (it == j.end()) return false;
   if (!it->is_boolean()) {
-    throw ProtocolError(std::string(what) + ": key '" + key +
-                        "' is not a boolean: " + it->dump().substr(0, 80));
+    throw ProtocolError(std::string(what) + ": key '" + key + "' is not a boolean: " +
+                        json_text::utf8_prefix(json_text::dump_for_people(*it), 80));
   }
   return it->get<bool>();
 }
@@ -142,8 +143,10 @@ std::optional<int64_t> timestamp_of(const nlohmann::json& v) {
 }  // namespace
 
 FailureRecord FailureRecord::from_json(const std::string& json) {
-  auto j = nlohmann::json::parse(json, nullptr, false);
-  if (!j.is_object()) throw ProtocolError("unreadable failure record: " + json.substr(0, 200));
+  auto j = json_text::parse_record(json);
+  if (!j.is_object()) {
+    throw ProtocolError("unreadable failure record: " + json_text::utf8_prefix(json, 200));
+  }
   const char* what = "failure record";
   FailureRecord f;
   f.rank = int32_field(j, "rank", -1, what);

@@ -6,6 +6,7 @@
 
 #include "agent/protocol.h"
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/log.h"
 
 namespace ctorchrun::agent {
@@ -19,15 +20,15 @@ std::string NodeStall::to_json() const {
     ranks_json.push_back(
         {{"rank", r.rank}, {"local_rank", r.local_rank}, {"pid", r.pid}, {"since_ms", r.since_ms}});
   }
-  return nlohmann::json{{"stalled_ms", stalled_ms}, {"ranks", ranks_json}}.dump();
+  return json_text::dump_record(nlohmann::json{{"stalled_ms", stalled_ms}, {"ranks", ranks_json}});
 }
 
 NodeStall NodeStall::from_json(const std::string& text, int node, const std::string& key) {
   auto bad = [&](const std::string& why) {
     return ProtocolError("unreadable record at key '" + key + "': " + why + ": " +
-                         text.substr(0, 200));
+                         json_text::utf8_prefix(text, 200));
   };
-  auto j = nlohmann::json::parse(text, nullptr, false);
+  auto j = json_text::parse_record(text);
   if (!j.is_object()) throw bad("not an object");
   auto integer = [&](const nlohmann::json& o, const char* name, int64_t lo, int64_t hi) {
     auto it = o.find(name);

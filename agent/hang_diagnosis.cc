@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/json_text.h"
 #include "common/log.h"
 
 extern char** environ;
@@ -86,7 +88,10 @@ bool parse_file_line(const std::string& l, std::string* file, int* line, std::st
 std::string frame_text(const std::string& file, int line, const std::string& name) {
   std::string out = name + " at " + base_name(file) + ":" + std::to_string(line);
   std::string src = source_line(file, line);
-  if (!src.empty()) out += " (" + src.substr(0, 80) + ")";
+  // At most 80 bytes of the line, cut between characters: a cut inside one
+  // (a comment in Chinese, an accented string) would be invalid UTF-8 in the
+  // summary and in the events that carry it.
+  if (!src.empty()) out += " (" + json_text::utf8_prefix(src, 80) + ")";
   return out;
 }
 
@@ -298,6 +303,14 @@ std::vector<RankFrame> diagnose_hang(const std::vector<DiagnosisTarget>& targets
     from[i] = file_size(t.stderr_path);
     if (running(t.pid)) {
       ::kill(t.pid, SIGSTOP);
+      // No core dump for an abort that only asks for stacks: where cores are
+      // enabled, each would be the worker's whole memory (over 100 MB with
+      // torch imported), one per hung worker, often in a shared working
+      // directory. The target's own limit, set from here (prlimit(2)).
+      const struct rlimit no_core { 0, 0 };
+      if (::prlimit(t.pid, RLIMIT_CORE, &no_core, nullptr) != 0) {
+        log->debug("hang: cannot turn off core dumps of pid {}: {}", t.pid, std::strerror(errno));
+      }
       aborted[i] = ::kill(t.pid, SIGABRT) == 0;
     }
   }

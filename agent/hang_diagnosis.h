@@ -14,6 +14,8 @@
 //  3. Python stacks of every thread: SIGABRT to the worker, whose
 //     PYTHONFAULTHANDLER (set by the agent in hang mode) prints them to fd 2,
 //     which in hang mode reaches the agent's log file of the worker's stderr.
+//     The worker's RLIMIT_CORE is set to 0 first (prlimit(2)), so that the
+//     abort dumps no core.
 // Everything of a rank goes to <dir>/hang.txt (its attempt's log directory).
 // From the Python stacks each rank's frame is named: the innermost frame of
 // its main thread ("all_reduce at distributed_c10d.py:1536").
@@ -74,7 +76,8 @@ bool request_flight_recorder(const std::string& pipe, std::chrono::milliseconds 
 // faulthandler dump ("File "x.py", line 12 in f", most recent call first,
 // the main thread's block last) or a traceback ("File "x.py", line 12, in
 // f", most recent call last). "f at x.py:12", with the source line in
-// parentheses when the file can be read; "" when there is none.
+// parentheses when the file can be read (at most its first 80 bytes, cut
+// between UTF-8 characters); "" when there is none.
 std::string innermost_python_frame(const std::string& text);
 
 // "ranks 0-2 in all_reduce at d.py:9; rank 3 in <module> at w.py:4": ranks

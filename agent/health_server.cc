@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/log.h"
 
 namespace ctorchrun::agent {
@@ -104,8 +105,9 @@ std::string HealthStatus::to_json(std::chrono::system_clock::time_point now) con
     ft["last_request"] = s.last_request ? nlohmann::json(*s.last_request) : nlohmann::json();
     ft["active_timers"] = s.active_timers;
   }
-  // Replace: a run id is the user's text and may hold invalid UTF-8.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // A page for people: a run id is the user's text and may hold invalid
+  // UTF-8, shown as U+FFFD.
+  return json_text::dump_for_people(j);
 }
 
 // ---------------------------------------------------------------------------

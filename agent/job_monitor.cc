@@ -6,6 +6,7 @@
 
 #include "agent/protocol.h"
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/log.h"
 #include "store/store.h"
 
@@ -219,7 +220,7 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
             }
           }
           nlohmann::json view = {{"seq", ++seq}, {"dead", dead}, {"gone", gone}};
-          store->set(keys::liveness(), view.dump());
+          store->set(keys::liveness(), json_text::dump_record(view));
           last_answer = o.now();
           take_view(std::move(dead), std::move(gone), now);
           next_scan = now + o.keep_alive_interval;
@@ -229,10 +230,10 @@ void JobMonitor::loop(const std::shared_ptr<State>& st) {
           // the last node tidies them (etcd), maybe between two calls of ours.
           if (auto view = store::read_if_present(*store, keys::liveness())) {
             const std::string& raw = *view;
-            auto j = nlohmann::json::parse(raw, nullptr, false);
+            auto j = json_text::parse_record(raw);
             if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_integer()) {
               throw ProtocolError("unreadable record at key '" + keys::liveness() +
-                                  "': " + raw.substr(0, 200));
+                                  "': " + json_text::utf8_prefix(raw, 200));
             }
             auto dead = node_list(j, "dead", o.nnodes);
             auto gone = node_list(j, "gone", o.nnodes);

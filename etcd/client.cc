@@ -6,6 +6,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "common/json_text.h"
 #include "etcd/base64.h"
 #include "etcd/client_internal.h"
 #include "etcd/response_internal.h"
@@ -136,7 +137,7 @@ json ClientCore::call(const std::string& path, const json& body, bool idempotent
   const auto budget = member_budget > std::chrono::milliseconds(0)
                           ? std::min(member_budget, attempt_budget())
                           : attempt_budget();
-  const std::string text = body.dump();
+  const std::string text = json_text::dump_record(body);
   const std::size_t n = endpoints.size();
   std::vector<std::string> errors(n, "not tried");
   const std::size_t first = preferred.load();

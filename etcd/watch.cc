@@ -5,6 +5,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/log.h"
 #include "etcd/base64.h"
 #include "etcd/errors.h"
@@ -104,7 +105,7 @@ void WatchImpl::establish(Clock::time_point deadline) {
   json create = {{"key", base64_encode(key_)}};
   if (!range_end_.empty()) create["range_end"] = base64_encode(range_end_);
   if (next_rev_ > 0) create["start_revision"] = std::to_string(next_rev_);
-  const std::string body = json{{"create_request", create}}.dump();
+  const std::string body = json_text::dump_record(json{{"create_request", create}});
   const std::string path = "/v3/watch";
   const std::size_t n = core_->endpoints.size();
   std::vector<std::string> errors(n, "not tried");

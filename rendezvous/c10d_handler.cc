@@ -12,6 +12,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/log.h"
 #include "rendezvous/c10d_state.h"
 #include "rendezvous/endpoint.h"
@@ -315,7 +316,8 @@ C10dHandler::WorkersStore C10dHandler::publish_workers_store(const C10dRound& ro
     so.port = 0;
     workers_server_ = store::TcpStoreServer::start(so);
     workers_port = workers_server_->port();
-    job_->set(workers_key, nlohmann::json{{"addr", workers_addr}, {"port", workers_port}}.dump());
+    job_->set(workers_key,
+              json_text::dump_record({{"addr", workers_addr}, {"port", workers_port}}));
   } else {
     // Rank 0 sets it right after the round; if rank 0 dies first (its
     // record's gone marker), the round re-forms without it.
@@ -342,7 +344,7 @@ C10dHandler::WorkersStore C10dHandler::publish_workers_store(const C10dRound& ro
                     std::to_string(round.round) + ": " + e.what());
       }
     }
-    auto j = nlohmann::json::parse(job_->get(workers_key), nullptr, false);
+    auto j = json_text::parse_record(job_->get(workers_key));
     if (!j.is_object() || !j.contains("addr") || !j["addr"].is_string() || !j.contains("port") ||
         !j["port"].is_number_integer() || j["port"].get<int64_t>() < 1 ||
         j["port"].get<int64_t>() > 65535 || j["addr"].get<std::string>().empty() ||

@@ -5,6 +5,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "common/json_text.h"
 #include "rendezvous/node_record.h"
 #include "rendezvous/roster.h"
 #include "store/protocol.h"
@@ -26,13 +27,14 @@ nlohmann::json settings_json(const C10dSettings& s) {
 }
 
 std::string text_of(const nlohmann::json& j) {
-  return j.is_string() ? j.get<std::string>() : j.dump();
+  return j.is_string() ? j.get<std::string>() : json_text::dump_for_people(j);
 }
 
 nlohmann::json parse_object(const std::string& raw, const std::string& key) {
-  auto j = nlohmann::json::parse(raw, nullptr, false);
+  auto j = json_text::parse_record(raw);
   if (!j.is_object()) {
-    throw ProtocolError("unreadable record at key '" + key + "': " + raw.substr(0, 200));
+    throw ProtocolError("unreadable record at key '" + key +
+                        "': " + json_text::utf8_prefix(raw, 200));
   }
   return j;
 }
@@ -52,7 +54,8 @@ int int_field(const nlohmann::json& j, const char* name, const std::string& key)
 int64_t int_text(const std::string& raw, const std::string& key) {
   if (raw.empty() || raw.size() > 9 ||
       !std::all_of(raw.begin(), raw.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    throw ProtocolError("unreadable number at key '" + key + "': " + raw.substr(0, 100));
+    throw ProtocolError("unreadable number at key '" + key +
+                        "': " + json_text::utf8_prefix(raw, 100));
   }
   return std::stoll(raw);
 }
@@ -91,8 +94,8 @@ bool valid_slot(const std::string& s) {
 
 // The value of a round's reform key (C10dRoundWatch::parse reads it).
 std::string reform_record(const MembershipChange& change) {
-  return nlohmann::json{{"reason", change.reason}, {"lost", change.lost}, {"cause", change.cause}}
-      .dump();
+  return json_text::dump_record(
+      {{"reason", change.reason}, {"lost", change.lost}, {"cause", change.cause}});
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -161,7 +164,7 @@ C10dState::C10dState(store::Store& job, C10dSettings settings, NodeInfo me, C10d
 
 void C10dState::check_settings() {
   const std::string key = "g" + std::to_string(generation_) + "/rdzv/settings";
-  const std::string mine = settings_json(settings_).dump();
+  const std::string mine = json_text::dump_record(settings_json(settings_));
   const std::string got = job_.compare_set(key, "", mine);
   if (got == mine) return;
   auto theirs = parse_object(got, key);
@@ -295,7 +298,7 @@ void C10dState::enter_as_newcomer(int round, int attempt, bool open) {
 std::string C10dState::record_json(int attempt) const {
   nlohmann::json j = node_record(me_);
   j["attempt"] = attempt;
-  return j.dump();
+  return json_text::dump_record(j);
 }
 
 void C10dState::enter(const std::string& slot, int attempt) {
@@ -414,13 +417,13 @@ void C10dState::try_complete() {
   // The full list first, under this builder's slot (a builder that takes an
   // abandoned claim over writes its own: the roster that wins names whose
   // list is its), then the compact roster every member reads.
-  job_.set(key("members/" + slot_), members.dump());
+  job_.set(key("members/" + slot_), json_text::dump_record(members));
   nlohmann::json roster{{"attempt", attempt},
                         {"by", slot_},
                         {"node0", {{"host", node0.host}, {"pid", node0.pid}}},
                         {"endpoint_node", endpoint_node}};
   Roster::build(slots, sizes).to_json(roster);
-  job_.compare_set(key("complete"), "", roster.dump());
+  job_.compare_set(key("complete"), "", json_text::dump_record(roster));
   job_.set("g" + std::to_string(generation_) + "/rdzv/round", std::to_string(round_));
 }
 
@@ -493,7 +496,7 @@ std::vector<NodeInfo> C10dState::read_members(store::Store& job, const C10dRound
   // at once, not a wait for the store's timeout.
   const std::optional<std::string> raw = store::read_if_present(job, k);
   if (!raw) throw ProtocolError("no member list at key '" + k + "' (removed since?)");
-  auto j = nlohmann::json::parse(*raw, nullptr, false);
+  auto j = json_text::parse_record(*raw);
   if (!j.is_array() || j.size() != static_cast<size_t>(round.roster.size())) {
     throw ProtocolError("unreadable member list at key '" + k + "': not the roster's " +
                         std::to_string(round.roster.size()) + " members");
@@ -640,7 +643,7 @@ int C10dState::close(const std::string& outcome) {
       std::chrono::duration_cast<std::chrono::milliseconds>(wall_now_().time_since_epoch()).count();
   job_.compare_set(
       closed_key(generation_), "",
-      nlohmann::json{{"outcome", outcome}, {"round", round_}, {"closed_at_ms", ms}}.dump());
+      json_text::dump_record({{"outcome", outcome}, {"round", round_}, {"closed_at_ms", ms}}));
   return static_cast<int>(job_.tally_count(round_key(generation_, round_ + 1, "entered")));
 }
 

@@ -13,6 +13,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/log.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/node_record.h"
@@ -52,10 +53,10 @@ int StaticHandler::check_admission(store::Store& root, store::Store& job,
                                    const std::string& endpoint) {
   auto log = get_logger("rdzv");
   const std::string raw = root.get(kJobKey);
-  auto settings = nlohmann::json::parse(raw, nullptr, false);
+  auto settings = json_text::parse_record(raw);
   if (!settings.is_object() || !settings.contains("run_id") || !settings["run_id"].is_string()) {
     throw ProtocolError("unreadable job settings at key 'ctorchrun/" + std::string(kJobKey) +
-                        "' of the store at " + endpoint + ": " + raw.substr(0, 200));
+                        "' of the store at " + endpoint + ": " + json_text::utf8_prefix(raw, 200));
   }
   const std::string run_id = settings["run_id"].get<std::string>();
   const int nnodes = int_setting(settings, "nnodes", endpoint);
@@ -186,7 +187,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     nlohmann::json settings = {{"run_id", options_.job.run_id},
                                {"nnodes", options_.job.max_nodes},
                                {"max_restarts", options_.job.max_restarts}};
-    root->set(kJobKey, settings.dump());
+    root->set(kJobKey, json_text::dump_record(settings));
   } else {
     for (;;) {
       try {
@@ -212,10 +213,10 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   self.host = options_.job.host;
   self.pid = static_cast<int>(::getpid());
   self.hosts_endpoint = options_.node_rank == 0;
-  std::string mine = node_record(self).dump();
+  std::string mine = json_text::dump_record(node_record(self));
   std::string got = store->compare_set(node_key(options_.node_rank), "", mine);
   if (got != mine) {
-    auto other = nlohmann::json::parse(got, nullptr, false);
+    auto other = json_text::parse_record(got);
     auto host = other.is_object() && other.contains("host") && other["host"].is_string()
                     ? other["host"].get<std::string>()
                     : std::string("?");
@@ -248,7 +249,7 @@ RendezvousInfo StaticHandler::next_rendezvous() {
   }
   for (int r = 0; r < options_.job.max_nodes; ++r) {
     const std::string key = node_key(r);
-    auto j = nlohmann::json::parse(values[static_cast<size_t>(r)], nullptr, false);
+    auto j = json_text::parse_record(values[static_cast<size_t>(r)]);
     NodeInfo n = parse_node_record(j, key);  // ProtocolError naming the key
     n.group_rank = r;
     info.nodes.push_back(n);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/json_text.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 #include "tests/support/temp_dir.h"
@@ -352,4 +353,22 @@ TEST_CASE("multi-node: a node that left without finishing ends a static job with
   CHECK(r.exit_code == 3);
   CHECK(r.message.find("node 0 (fakehost0) left the job") != std::string::npos);
   CHECK(n.launcher.running() == 0);
+}
+
+TEST_CASE("events: a run id and fields that are not UTF-8 are written and read back whole",
+          "[unit]") {
+  testing::TempDir dir("events_test");
+  const std::string path = dir.file("events.json");
+  {
+    agent::EventLog events(path, "run\xff", 0);
+    events.emit("restart", 1, {{"reason", "lost \xe4\xb8"}});
+    events.emit("restart", 2, {{"reason", "ok"}});
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(json_text::parse_record(l));
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0]["run_id"] == "run\xff");
+  CHECK(lines[0]["reason"] == "lost \xe4\xb8");
+  CHECK(lines[1]["attempt"] == 2);
 }

@@ -15,8 +15,11 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
+#include "common/json_text.h"
 #include "tests/launcher/launcher_support.h"
 #include "tests/support/process.h"
 
@@ -139,4 +142,66 @@ TEST_CASE("hang: a stalled Python process's stacks and flight recorder dump land
   REQUIRE(status);
   CHECK(WIFSIGNALED(*status));
   CHECK(WTERMSIG(*status) == SIGABRT);
+}
+
+TEST_CASE("hang: a frame's source line is cut at 80 bytes between UTF-8 characters", "[unit]") {
+  testing::TempDir dir;
+  // Lines 2-4 hold multi-byte characters across byte 80: a Chinese comment, an
+  // accented string, an emoji.
+  const std::string zh = "\xe4\xb8\xad\xe6\x96\x87";  // "中文"
+  std::string comment = "time.sleep(3600)  # x ";     // 22 bytes
+  // "等", 3 bytes each: one spans bytes 79-81.
+  while (comment.size() < 100) comment += "\xe7\xad\x89";
+  const std::string accented = "x = '" + std::string(74, 'a') + "\xc3\xa9\xc3\xa9\xc3\xa9'";
+  const std::string emoji = "y = '" + std::string(73, 'b') + "\xf0\x9f\x98\x80\xf0\x9f\x98\x80'";
+  std::ofstream(dir.file("w.py")) << "import time\n"
+                                  << comment << "\n"
+                                  << accented << "\n"
+                                  << emoji << "\n"
+                                  << zh << "\n";
+  for (int line = 2; line <= 4; ++line) {
+    const std::string dump = "Current thread 0x00007f (most recent call first):\n  File \"" +
+                             dir.file("w.py") + "\", line " + std::to_string(line) + " in main\n";
+    const std::string frame = innermost_python_frame(dump);
+    INFO(frame);
+    REQUIRE(frame.rfind("main at w.py:" + std::to_string(line) + " (", 0) == 0);
+    const std::string shown =
+        frame.substr(frame.find(" (") + 2, frame.size() - frame.find(" (") - 3);
+    CHECK(shown.size() <= 80);
+    CHECK(shown.size() > 76);
+    CHECK(json_text::is_utf8(frame));
+    // The summary's events take it.
+    CHECK_NOTHROW(nlohmann::json{{"frames", frame}}.dump());
+  }
+}
+
+TEST_CASE("hang: the stacks' SIGABRT is sent with core dumps turned off", "[multiproc]") {
+  testing::TempDir dir;
+  // Cores allowed, SIGABRT ignored (so that the process outlives the abort
+  // and its limit can be read back).
+  testing::Process p(
+      {"/bin/sh", "-c", "ulimit -c unlimited && trap '' ABRT && echo ready && exec sleep 60"});
+  REQUIRE(p.read_line(10s) == "ready");
+  const std::string limits = "/proc/" + std::to_string(p.pid()) + "/limits";
+  auto core_limit = [&] {
+    for (std::istringstream in(testing::read_file(limits)); in;) {
+      std::string l;
+      std::getline(in, l);
+      if (l.rfind("Max core file size", 0) == 0) return l;
+    }
+    return std::string();
+  };
+  REQUIRE_THAT(core_limit(), Catch::Contains("unlimited"));
+  DiagnosisOptions o;
+  o.budget = 2s;
+  o.abort_wait = 100ms;
+  auto frames = diagnose_hang({{0, 0, p.pid(), dir.path, dir.file("stderr.log")}}, o);
+  REQUIRE(frames.size() == 1);
+  const std::string after = core_limit();
+  INFO(after);
+  std::istringstream fields(after.substr(std::string("Max core file size").size()));
+  std::string soft, hard;
+  fields >> soft >> hard;
+  CHECK(soft == "0");
+  CHECK(hard == "0");
 }

@@ -117,6 +117,25 @@ TEST_CASE("failure summary: torchrun's template, root cause first by time, signa
   CHECK(FailureRecord::from_json(a.to_json()).to_json() == a.to_json());
 }
 
+TEST_CASE("failure summary: a failure record keeps bytes that are not UTF-8", "[unit]") {
+  FailureRecord a;
+  a.rank = 1;
+  a.host = "h\xff";
+  a.exit_code = 127;
+  a.error_file = "/tmp/\xff/error.json";
+  a.message = "/tmp/\xfe/x: No such file or directory";
+  std::string text;
+  REQUIRE_NOTHROW(text = a.to_json());
+  FailureRecord back = FailureRecord::from_json(text);
+  CHECK(back.host == a.host);
+  CHECK(back.error_file == a.error_file);
+  CHECK(back.message == a.message);
+  // Different bytes, different records.
+  FailureRecord b = a;
+  b.host = "h\xfe";
+  CHECK(b.to_json() != text);
+}
+
 TEST_CASE("failure summary: reads torch's @record error file", "[unit]") {
   std::string path = "/tmp/ctorchrun_error_file_test.json";
   {

@@ -1270,3 +1270,25 @@ TEST_CASE(
   CHECK(fs.refused_reads().empty());
   CHECK(fs2.refused_reads().empty());
 }
+
+TEST_CASE(
+    "C10dState: an entrypoint and host names that are not UTF-8 are kept byte for byte in the "
+    "records",
+    "[unit]") {
+  store::HashStore hs;
+  ManualClock clock;
+  // Same bytes join; bytes that differ only where they are not UTF-8 are a
+  // different entrypoint, refused.
+  Node first(hs, clock, settings(2, 3, 0, "tr\xff.py"), "a\xff");
+  REQUIRE_NOTHROW(first.state.join());
+  Node same(hs, clock, settings(2, 3, 0, "tr\xff.py"), "b\xfe");
+  REQUIRE_NOTHROW(same.state.join());
+  Node other(hs, clock, settings(2, 3, 0, "tr\xfe.py"), "c");
+  try {
+    other.state.join();
+    FAIL("joined with a different entrypoint");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("--entrypoint"));
+  }
+  CHECK(hs.tally_count("g0/rdzv/0/joined") == 2);
+}
