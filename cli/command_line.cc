@@ -90,6 +90,23 @@ int signal_number(const std::string& name) {
   throw UsageError("--signals_to_handle: unknown or unsupported signal '" + name + "'");
 }
 
+// A random (version 4) UUID, as torchrun's uuid.uuid4() run ids.
+std::string random_uuid() {
+  std::random_device rd;
+  unsigned char b[16];
+  for (unsigned char& x : b) x = static_cast<unsigned char>(rd());
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);
+  static const char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += kHex[b[i] >> 4];
+    s += kHex[b[i] & 15];
+  }
+  return s;
+}
+
 std::string random_suffix() {
   static const char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789";
   std::random_device rd;
@@ -164,6 +181,7 @@ namespace {
 struct SlurmFill {
   bool endpoint = false;    // the c10d endpoint is the step's first host
   bool first_host = false;  // and this node is that host
+  bool port = false;        // the step gave the master port
 };
 
 // Under Slurm: what the step gives fills each value the command line and the
@@ -196,7 +214,10 @@ SlurmFill apply_slurm(const std::map<std::string, std::string>& env, ParsedOptio
   if (st.node_rank) o->at("node_rank").integer = *st.node_rank;
   if (st.nproc_per_node) o->at("nproc_per_node").text = std::to_string(*st.nproc_per_node);
   if (st.master_addr) o->at("master_addr").text = *st.master_addr;
-  if (st.port) o->at("master_port").integer = *st.port;
+  if (st.port) {
+    o->at("master_port").integer = *st.port;
+    fill.port = true;
+  }
   if (st.rdzv_id) o->at("rdzv_id").text = *st.rdzv_id;
   // c10d: the endpoint is the step's first host too.
   if (o->at("rdzv_backend").text == "c10d" && o->at("rdzv_endpoint").text.empty()) {
@@ -212,7 +233,7 @@ SlurmFill apply_slurm(const std::map<std::string, std::string>& env, ParsedOptio
 
 // --nnodes (N or MIN:MAX), --nproc_per_node, the node's rank and the master.
 void set_membership(const ParsedOptions& o, const std::map<std::string, std::string>& env,
-                    agent::LaunchConfig* c) {
+                    const SlurmFill& slurm, agent::LaunchConfig* c) {
   const std::string& nnodes = o.at("nnodes").text;
   auto colon = nnodes.find(':');
   if (colon == std::string::npos) {
@@ -241,7 +262,8 @@ void set_membership(const ParsedOptions& o, const std::map<std::string, std::str
   }
   c->node_rank = o.at("node_rank").integer;
   c->master_addr = o.at("master_addr").text;
-  c->master_port = o.at("master_port").integer;
+  // torchrun's 29500 when no port is given (set_static may take a free one).
+  c->master_port = o.at("master_port").given || slurm.port ? o.at("master_port").integer : 29500;
   c->max_restarts = o.at("max_restarts").integer;
 }
 
@@ -368,7 +390,7 @@ void set_c10d(const ParsedOptions& o, ParseOutcome* out) {
 }
 
 // --rdzv_backend=static: node 0 hosts the store at the master's address.
-void set_static(const ParsedOptions& o, agent::LaunchConfig* c) {
+void set_static(const ParsedOptions& o, const SlurmFill& slurm, agent::LaunchConfig* c) {
   if (c->rdzv_backend != "static") {
     throw UsageError("--rdzv_backend: unknown backend '" + c->rdzv_backend + "'");
   }
@@ -386,6 +408,13 @@ void set_static(const ParsedOptions& o, agent::LaunchConfig* c) {
   if (c->node_rank >= c->max_nodes) {
     throw UsageError("--node_rank=" + std::to_string(c->node_rank) +
                      " must be below --nnodes=" + std::to_string(c->max_nodes));
+  }
+  // torch main's torchrun: a single-node job given no port (no --master_port,
+  // PET_MASTER_PORT or endpoint) takes a free one, so that any number of them
+  // share a machine, and a fresh run id unless one is given.
+  if (endpoint.empty() && !o.at("master_port").given && !slurm.port && c->max_nodes == 1) {
+    c->master_port = 0;
+    if (!o.at("rdzv_id").given) c->run_id = random_uuid();
   }
 }
 
@@ -420,7 +449,7 @@ void set_rendezvous(const ParsedOptions& o, const SlurmFill& slurm, ParseOutcome
   } else if (c.rdzv_backend == "c10d") {
     set_c10d(o, out);
   } else {
-    set_static(o, &c);
+    set_static(o, slurm, &c);
   }
   try {
     apply_rdzv_conf(o.at("rdzv_conf").text, c.rdzv_backend, &c, &out->warnings);
@@ -527,7 +556,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     if (o.script.empty()) {
       throw UsageError("no training script given (ctorchrun [options] [--] SCRIPT [args...])");
     }
-    set_membership(o, env, &out.config);
+    set_membership(o, env, slurm, &out.config);
     set_node_features(o, env, &out.config);
     set_rendezvous(o, slurm, &out);
     set_stopping(o, &out.config);

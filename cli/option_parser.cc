@@ -60,7 +60,7 @@ CLI::Option* add_row(CLI::App& app, const OptionRow& r, OptionValue& v) {
       if (r.nproc_check) o->check(nproc_validator());
       break;
     case ValueType::kInteger:
-      v.integer = std::stoi(r.default_text);
+      v.integer = r.default_text.empty() ? 0 : std::stoi(r.default_text);
       o = app.add_option(r.names, v.integer)->check(CLI::Range(r.min, r.max));
       break;
     case ValueType::kSeconds:

@@ -44,8 +44,9 @@ std::vector<OptionRow> membership_rows() {
       row("master_addr", "--master-addr,--master_addr", V::kText, "127.0.0.1",
           "address of node 0, which hosts the store")
           .since("1.13"),
-      row("master_port", "--master-port,--master_port", V::kInteger, "29500",
-          "port of the store on node 0")
+      row("master_port", "--master-port,--master_port", V::kInteger, "",
+          "port of the store on node 0; without one a single-node job (static, no "
+          "--rdzv_endpoint) takes a free port, as torch main's torchrun does, and others 29500")
           .with_range(1, 65535)
           .since("1.13"),
       row("max_restarts", "--max-restarts,--max_restarts", V::kInteger, "0",

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "cli/command_line.h"
@@ -71,7 +72,7 @@ TEST_CASE("command line: an empty value unsets the optional options and swallows
       CHECK(r.config.log_dir.empty());
       CHECK(r.config.local_addr.empty());
       CHECK(r.config.master_addr == "127.0.0.1");
-      CHECK(r.config.master_port == 29500);
+      CHECK(r.config.master_port == 0);  // one node and no port: a free one
       CHECK(r.config.rdzv_conf.empty());
       CHECK_FALSE(r.config.local_ranks_filter);
     }
@@ -84,7 +85,7 @@ TEST_CASE("command line: an empty value unsets the optional options and swallows
   r = parse_ok({"--rdzv_endpoint=", "s.py"}, {{"PET_RDZV_ENDPOINT", "10.1.1.1:5"}});
   CHECK(r.config.master_addr == "127.0.0.1");
   // An empty PET_ variable counts as unset.
-  r = parse_ok({"s.py"}, {{"PET_NPROC_PER_NODE", ""}, {"PET_RDZV_ID", ""}});
+  r = parse_ok({"--nnodes=2", "s.py"}, {{"PET_NPROC_PER_NODE", ""}, {"PET_RDZV_ID", ""}});
   CHECK(r.config.nproc_per_node == 1);
   CHECK(r.config.run_id == "none");
 }
@@ -385,4 +386,23 @@ TEST_CASE("command line: --hang_timeout takes non-negative seconds in both spell
   auto help = parse({"--help"});
   REQUIRE(help.kind == ParseOutcome::Kind::kExit);
   CHECK_THAT(help.message, Catch::Contains("--hang_timeout"));
+}
+
+TEST_CASE("command line: a single-node job without a port takes a free one, as torch main's does",
+          "[unit]") {
+  auto r = parse_ok({"--nproc_per_node=2", "s.py"});
+  CHECK(r.config.master_port == 0);
+  CHECK(r.config.rdzv_backend == "static");
+  CHECK(std::regex_match(r.config.run_id,
+                         std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
+                                    "[0-9a-f]{12}")));  // uuid4, as torchrun's
+  CHECK(parse_ok({"s.py"}).config.run_id != r.config.run_id);
+  CHECK(parse_ok({"--rdzv_id=mine", "s.py"}).config.run_id == "mine");
+  // A port given anywhere, or a job of several nodes, is torchrun's as before.
+  CHECK(parse_ok({"--master_port=29500", "s.py"}).config.master_port == 29500);
+  CHECK(parse_ok({"s.py"}, {{"PET_MASTER_PORT", "1234"}}).config.master_port == 1234);
+  CHECK(parse_ok({"--nnodes=2", "s.py"}).config.master_port == 29500);
+  CHECK(parse_ok({"--nnodes=2", "s.py"}).config.run_id == "none");
+  CHECK(parse_ok({"--rdzv_endpoint=127.0.0.1", "s.py"}).config.master_port == 29500);
+  CHECK(parse_ok({"--rdzv_endpoint=127.0.0.1:77", "s.py"}).config.master_port == 77);
 }

@@ -58,8 +58,9 @@ TEST_CASE("option table: the README's option list is the table's", "[unit]") {
   if (ours != expected) {
     std::ofstream("README.options.md") << expected;
     FAIL_CHECK(
-        "README.md's options table differs from cli/option_table.cc; the expected one "
-        "is in README.options.md in the test's working directory");
+        "README.md's options table differs from cli/option_table.cc: run "
+        "scripts/update_readme_options.sh (the expected table is in README.options.md in the "
+        "test's working directory)");
   }
 }
 

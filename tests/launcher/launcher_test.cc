@@ -478,3 +478,29 @@ TEST_CASE("ctorchrun: a frozen node 0 (SIGSTOP) ends node 1 with exit 3 within s
           "[multiproc]") {
   check_node1_ends_when_node0_gets(SIGSTOP, 30s);
 }
+
+TEST_CASE(
+    "ctorchrun: two single-node jobs without a port run at once on one machine, as under torch "
+    "main's torchrun",
+    "[multiproc]") {
+  TempDir d;
+  // Each worker records the port it was given, then waits (bounded) until
+  // every worker of both jobs has, so that the two jobs surely overlap.
+  const std::string body = "echo $MASTER_PORT > " + d.path + "/port_$1_$RANK; i=0; while [ $(ls " +
+                           d.path +
+                           " | grep -c port_) -lt 4 ] && [ $i -lt 600 ]; do sleep 0.05; "
+                           "i=$((i+1)); done; [ $i -lt 600 ]";
+  auto job = [&](const std::string& name) {
+    return start_ctorchrun(
+        {"--nproc_per_node=2", "--no_python", "/bin/sh", "-c", body, "sh", name});
+  };
+  auto a = job("a");
+  auto b = job("b");
+  CHECK(a->exit_code(60s) == 0);
+  CHECK(b->exit_code(60s) == 0);
+  const std::string pa = read_file(d.file("port_a_0")), pb = read_file(d.file("port_b_0"));
+  CHECK(pa == read_file(d.file("port_a_1")));
+  CHECK(pb == read_file(d.file("port_b_1")));
+  CHECK(pa != pb);
+  CHECK(pa != "29500\n");
+}
