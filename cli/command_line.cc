@@ -231,20 +231,28 @@ SlurmFill apply_slurm(const std::map<std::string, std::string>& env, ParsedOptio
   return fill;
 }
 
+// --nnodes: N or MIN:MAX; a message names the whole value and the form.
+void set_nnodes(const ParsedOptions& o, agent::LaunchConfig* c) {
+  const std::string& nnodes = o.at("nnodes").text;
+  const std::string what = o.source("nnodes") + "=" + nnodes;
+  const std::vector<std::string> parts = split(nnodes, ':');
+  const bool two = parts.size() == 2;
+  if (parts.empty() || parts.size() > 2 || nnodes.back() == ':') {
+    throw UsageError(what + ": expected N or MIN:MAX, whole numbers in [1, 1048576]");
+  }
+  try {
+    c->min_nodes = parse_int(what, parts.front(), 1, 1 << 20);
+    c->max_nodes = two ? parse_int(what, parts.back(), 1, 1 << 20) : c->min_nodes;
+  } catch (const UsageError& e) {
+    throw UsageError(std::string(e.what()) + "; expected N or MIN:MAX");
+  }
+  if (c->min_nodes > c->max_nodes) throw UsageError(what + ": MIN is greater than MAX");
+}
+
 // --nnodes (N or MIN:MAX), --nproc_per_node, the node's rank and the master.
 void set_membership(const ParsedOptions& o, const std::map<std::string, std::string>& env,
                     const SlurmFill& slurm, agent::LaunchConfig* c) {
-  const std::string& nnodes = o.at("nnodes").text;
-  auto colon = nnodes.find(':');
-  if (colon == std::string::npos) {
-    c->min_nodes = c->max_nodes = parse_int("--nnodes", nnodes, 1, 1 << 20);
-  } else {
-    c->min_nodes = parse_int("--nnodes", nnodes.substr(0, colon), 1, 1 << 20);
-    c->max_nodes = parse_int("--nnodes", nnodes.substr(colon + 1), 1, 1 << 20);
-    if (c->min_nodes > c->max_nodes) {
-      throw UsageError("--nnodes=" + nnodes + ": MIN is greater than MAX");
-    }
-  }
+  set_nnodes(o, c);
   const std::string& nproc = o.at("nproc_per_node").text;
   int cpus = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   if (nproc == "cpu") {

@@ -111,7 +111,16 @@ TEST_CASE("command line: --standalone is one node on a free local port", "[unit]
 TEST_CASE("command line: bad input is one clear line and exit code 2", "[unit]") {
   require_usage_error({"--nproc_per_node=abc", "s.py"}, "'abc' is not a number of workers");
   require_usage_error({"--nproc_per_node=0", "s.py"}, "'0' is not a number of workers");
-  require_usage_error({"--nnodes=x", "s.py"}, "not an integer");
+  require_usage_error({"--nnodes=x", "s.py"}, "--nnodes=x: 'x' is not an integer");
+  // The whole value is named, with the form expected.
+  require_usage_error({"--nnodes=2:20:30", "s.py"},
+                      "--nnodes=2:20:30: expected N or MIN:MAX, whole numbers in [1, 1048576]");
+  require_usage_error({"--nnodes=2:", "s.py"}, "--nnodes=2:: expected N or MIN:MAX");
+  require_usage_error({"--nnodes=1:x", "s.py"},
+                      "--nnodes=1:x: 'x' is not an integer; expected N or MIN:MAX");
+  auto from_env = parse({"s.py"}, {{"PET_NNODES", "0:2"}});
+  CHECK(from_env.exit_code == 2);
+  CHECK(from_env.message.find("PET_NNODES=0:2: 0 is out of range") != std::string::npos);
   // The option is named as written.
   require_usage_error({"--node_rank=x", "s.py"}, "--node_rank: ");
   require_usage_error({"--node-rank=x", "s.py"}, "--node-rank: ");
