@@ -433,6 +433,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     p.error_file = dir + "/error.json";
     p.torch_version = torch_version_;
     p.ctorch_package_dir = ctorch_dir_;
+    p.virtual_local_rank = c_.virtual_local_rank;
 
     worker::WorkerSpec s;
     s.local_rank = lr;

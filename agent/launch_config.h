@@ -121,6 +121,8 @@ struct LaunchConfig {
   // (TORCHELASTIC_HEALTH_CHECK_PORT's server); 0.0.0.0 so that a Kubernetes
   // probe reaches the pod's address.
   std::string status_host = "0.0.0.0";
+  // --virtual_local_rank: see WorkerPlacement::virtual_local_rank (agent/worker_env.h).
+  bool virtual_local_rank = false;
   // --log_line_prefix_template, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE from the launcher's
   // environment (see log_line_prefix in agent/worker_env.h); empty: "[<role><local_rank>]:".
   std::string log_line_prefix_template;

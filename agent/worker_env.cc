@@ -4,12 +4,27 @@
 
 #include <cctype>
 
+#include "common/error.h"
+#include "worker/cuda_devices.h"
+
 namespace ctorchrun::agent {
 
 std::map<std::string, std::string> build_worker_env(const std::map<std::string, std::string>& base,
                                                     const WorkerPlacement& p) {
   std::map<std::string, std::string> env = base;
   env["LOCAL_RANK"] = std::to_string(p.local_rank);
+  if (p.virtual_local_rank) {
+    env["LOCAL_RANK"] = "0";
+    auto parent = base.find("CUDA_VISIBLE_DEVICES");
+    const auto entry = worker::cuda_visible_entry(
+        parent == base.end() ? std::nullopt : std::optional<std::string>(parent->second),
+        p.local_rank);
+    if (!entry) {  // the command line checks this first
+      throw ConfigError("local_rank " + std::to_string(p.local_rank) +
+                        " exceeds available GPUs in CUDA_VISIBLE_DEVICES=" + parent->second);
+    }
+    env["CUDA_VISIBLE_DEVICES"] = *entry;
+  }
   env["RANK"] = std::to_string(p.global_rank);
   env["GROUP_RANK"] = std::to_string(p.group_rank);
   env["ROLE_RANK"] = std::to_string(p.global_rank);  // one role: role rank == global rank

@@ -39,6 +39,10 @@ struct WorkerPlacement {
   // workers' PYTHONPATH so that `import ctorch` works; empty for none
   // (--no_python, or no build of it next to the launcher).
   std::string ctorch_package_dir;
+  // --virtual_local_rank (torch main): LOCAL_RANK is 0 and CUDA_VISIBLE_DEVICES
+  // is the worker's own device alone, the local_rank-th entry of the parent's
+  // (worker/cuda_devices.h), so that each worker sees its GPU as device 0.
+  bool virtual_local_rank = false;
 };
 
 // `base` plus torchrun's variables, formatted as torchrun formats them

@@ -16,6 +16,7 @@
 #include "cli/slurm.h"
 #include "common/error.h"
 #include "rendezvous/endpoint.h"
+#include "worker/cuda_devices.h"
 #include "worker/numa_binding.h"
 
 namespace ctorchrun::cli {
@@ -516,6 +517,20 @@ void set_output(const ParsedOptions& o, const std::map<std::string, std::string>
   c->role = o.at("role").text;
 }
 
+// --virtual_local_rank needs a device of CUDA_VISIBLE_DEVICES (when set) for
+// every local rank; torchrun fails the same way when it starts the workers.
+void check_virtual_local_rank(const std::map<std::string, std::string>& env,
+                              const agent::LaunchConfig& c) {
+  auto cvd = env.find("CUDA_VISIBLE_DEVICES");
+  if (!c.virtual_local_rank || cvd == env.end()) return;
+  const size_t devices = worker::cuda_visible_entries(cvd->second).size();
+  if (static_cast<size_t>(c.nproc_per_node) > devices) {
+    throw UsageError("--virtual_local_rank: local_rank " + std::to_string(devices) +
+                     " exceeds available GPUs in CUDA_VISIBLE_DEVICES=" + cvd->second + " (" +
+                     std::to_string(c.nproc_per_node) + " workers per node)");
+  }
+}
+
 // What each worker runs, and its environment.
 void set_program(const ParsedOptions& o, const std::map<std::string, std::string>& env,
                  ParseOutcome* out) {
@@ -536,6 +551,8 @@ void set_program(const ParsedOptions& o, const std::map<std::string, std::string
     if (module) c.entrypoint.push_back("-m");
     c.entrypoint.insert(c.entrypoint.end(), rest.begin(), rest.end());
   }
+  c.virtual_local_rank = o.at("virtual_local_rank").flag;
+  check_virtual_local_rank(env, c);
   // The workers' environment: ours, with torchrun's OMP_NUM_THREADS rule.
   c.environment = env;
   if (c.nproc_per_node > 1 && env.find("OMP_NUM_THREADS") == env.end()) {

@@ -97,6 +97,11 @@ std::vector<OptionRow> program_rows() {
       row("no_python", "--no-python,--no_python", V::kFlag, "",
           "run the script directly as an executable, not through Python")
           .since("1.13"),
+      row("virtual_local_rank", "--virtual-local-rank,--virtual_local_rank", V::kFlag, "",
+          "every worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES narrowed to its own device "
+          "(the local_rank-th entry of the launcher's, UUID and MIG entries too), so that it "
+          "sees its GPU as device 0; --numa_binding still binds by the real device")
+          .since("main"),
       row("run_path", "--run-path,--run_path", V::kFlag, "",
           "accepted for torchrun compatibility: the script runs as with Python")
           .since("1.13"),

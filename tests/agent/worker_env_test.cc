@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent/failure_summary.h"
+#include "common/error.h"
 
 using namespace ctorchrun::agent;
 
@@ -173,4 +174,24 @@ TEST_CASE("worker env: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE expands as Python's
   }
   CHECK(short_hostname().find('.') == std::string::npos);
   CHECK_FALSE(short_hostname().empty());
+}
+
+TEST_CASE("worker env: --virtual_local_rank gives LOCAL_RANK=0 and the worker's own device alone",
+          "[unit]") {
+  WorkerPlacement p;
+  p.local_rank = 1;
+  p.global_rank = 5;
+  p.virtual_local_rank = true;
+  auto env = build_worker_env({{"CUDA_VISIBLE_DEVICES", "GPU-aa11, MIG-bb22,3"}}, p);
+  CHECK(env.at("LOCAL_RANK") == "0");
+  CHECK(env.at("RANK") == "5");
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "MIG-bb22");  // mapped through the parent's
+  env = build_worker_env({}, p);
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "1");  // no restriction: the local rank's device
+  p.local_rank = 3;
+  CHECK_THROWS_AS(build_worker_env({{"CUDA_VISIBLE_DEVICES", "0,1"}}, p), ctorchrun::ConfigError);
+  p.virtual_local_rank = false;
+  env = build_worker_env({{"CUDA_VISIBLE_DEVICES", "0,1"}}, p);
+  CHECK(env.at("LOCAL_RANK") == "3");
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "0,1");
 }

@@ -512,3 +512,19 @@ TEST_CASE("command line: --status_host picks the address of the agent's HTTP end
   CHECK(parse({"--status-host=127.0.0.1", "s.py"}).config.status_host == "127.0.0.1");
   CHECK(parse({"s.py"}, {{"PET_STATUS_HOST", "::1"}}).config.status_host == "::1");
 }
+
+TEST_CASE("command line: --virtual_local_rank needs a visible device per local rank", "[unit]") {
+  auto r = parse({"--virtual-local-rank", "--nproc_per_node=2", "s.py"},
+                 {{"CUDA_VISIBLE_DEVICES", "GPU-1,GPU-2"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.virtual_local_rank);
+  CHECK_FALSE(parse({"s.py"}).config.virtual_local_rank);
+  CHECK(parse({"--nproc_per_node=4", "s.py"}, {{"PET_VIRTUAL_LOCAL_RANK", "1"}})
+            .config.virtual_local_rank);  // no CUDA_VISIBLE_DEVICES: no limit
+  r = parse({"--virtual_local_rank", "--nproc_per_node=3", "s.py"},
+            {{"CUDA_VISIBLE_DEVICES", "4,5"}});
+  REQUIRE(r.kind == ParseOutcome::Kind::kExit);
+  CHECK(r.exit_code == 2);
+  CHECK(r.message.find("local_rank 2 exceeds available GPUs in CUDA_VISIBLE_DEVICES=4,5") !=
+        std::string::npos);
+}

@@ -504,3 +504,20 @@ TEST_CASE(
   CHECK(pa != pb);
   CHECK(pa != "29500\n");
 }
+
+TEST_CASE("ctorchrun: --virtual-local-rank gives each worker LOCAL_RANK=0 and its own device",
+          "[multiproc]") {
+  TempDir d;
+  auto r = run_ctorchrun(
+      concat({"--nproc_per_node=2", "--virtual-local-rank"},
+             sh("echo \"$LOCAL_RANK $CUDA_VISIBLE_DEVICES\" > " + d.path + "/w$RANK")),
+      {{"CUDA_VISIBLE_DEVICES", "GPU-5e1f,MIG-77aa"}});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(read_file(d.file("w0")) == "0 GPU-5e1f\n");
+  CHECK(read_file(d.file("w1")) == "0 MIG-77aa\n");
+  r = run_ctorchrun(concat({"--nproc_per_node=3", "--virtual_local_rank"}, sh("true")),
+                    {{"CUDA_VISIBLE_DEVICES", "0,1"}});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("exceeds available GPUs") != std::string::npos);
+}
