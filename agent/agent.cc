@@ -60,6 +60,23 @@ std::string random_suffix() {
   return s;
 }
 
+// The folder of --cpu_backend ctorch's start-up hook next to the ctorch
+// package in `package_dir`; empty for gloo, or (with one warning) when there
+// is no ctorch next to the launcher.
+std::string cpu_backend_site_dir(const std::string& cpu_backend, const std::string& package_dir,
+                                 const std::shared_ptr<spdlog::logger>& log) {
+  if (cpu_backend != "ctorch") return "";
+  const std::string site = package_dir + "/ctorch_site";
+  std::error_code ec;
+  if (package_dir.empty() || !std::filesystem::is_regular_file(site + "/sitecustomize.py", ec)) {
+    log->warn(
+        "--cpu_backend ctorch: no ctorch package next to the launcher (build it with "
+        "scripts/build.sh); the workers' gloo process groups stay on gloo");
+    return "";
+  }
+  return site;
+}
+
 std::string hostname() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
@@ -332,6 +349,8 @@ class ElasticAgent::Impl {
   std::optional<std::pair<int, int>> torch_version_;
   // Where the ctorch package is, for the workers' PYTHONPATH; empty for none.
   std::string ctorch_dir_;
+  // --cpu_backend ctorch's start-up hook folder; empty for gloo.
+  std::string ctorch_site_dir_;
   // torch's agent features (agent/file_timer.h, agent/health_server.h):
   // started by start_torch_agent_features() from the launcher's environment.
   // health_ always exists, so that any part of the agent (the stall
@@ -434,6 +453,7 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
     p.torch_version = torch_version_;
     p.ctorch_package_dir = ctorch_dir_;
     p.virtual_local_rank = c_.virtual_local_rank;
+    p.ctorch_site_dir = ctorch_site_dir_;
 
     worker::WorkerSpec s;
     s.local_rank = lr;
@@ -1457,6 +1477,7 @@ RunResult ElasticAgent::Impl::run() {
   }
   if (!c_.python.empty()) {
     ctorch_dir_ = worker::ctorch_package_dir("/proc/self/exe").value_or("");
+    ctorch_site_dir_ = cpu_backend_site_dir(c_.cpu_backend, ctorch_dir_, log_);
     // Which NCCL variable the workers' torch reads: learned while the
     // rendezvous runs, so that it costs a job no time.
     torch_probe_ = std::async(std::launch::async, [python = c_.python, env = c_.environment] {

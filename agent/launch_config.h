@@ -123,6 +123,9 @@ struct LaunchConfig {
   std::string status_host = "0.0.0.0";
   // --virtual_local_rank: see WorkerPlacement::virtual_local_rank (agent/worker_env.h).
   bool virtual_local_rank = false;
+  // --cpu_backend: "gloo" (the script's gloo groups as they are) or "ctorch"
+  // (they run on the bundled runtime: WorkerPlacement::ctorch_site_dir).
+  std::string cpu_backend = "gloo";
   // --log_line_prefix_template, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE from the launcher's
   // environment (see log_line_prefix in agent/worker_env.h); empty: "[<role><local_rank>]:".
   std::string log_line_prefix_template;

@@ -46,6 +46,12 @@ std::map<std::string, std::string> build_worker_env(const std::map<std::string, 
     env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   }
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (!p.ctorch_site_dir.empty()) {
+    // First, so that its sitecustomize runs (and then runs the next one).
+    auto [path, added] = env.emplace("PYTHONPATH", p.ctorch_site_dir);
+    if (!added) path->second = p.ctorch_site_dir + (path->second.empty() ? "" : ":") + path->second;
+    env["CTORCHRUN_CPU_BACKEND"] = "ctorch";
+  }
   if (!p.ctorch_package_dir.empty()) {
     auto [path, added] = env.emplace("PYTHONPATH", p.ctorch_package_dir);
     // An empty PYTHONPATH adds nothing to sys.path; a set one keeps its entries first.

@@ -43,6 +43,10 @@ struct WorkerPlacement {
   // is the worker's own device alone, the local_rank-th entry of the parent's
   // (worker/cuda_devices.h), so that each worker sees its GPU as device 0.
   bool virtual_local_rank = false;
+  // --cpu_backend ctorch: the folder of its start-up hook
+  // (torch_backend/site/sitecustomize.py), put first on PYTHONPATH, with
+  // CTORCHRUN_CPU_BACKEND=ctorch; empty for gloo.
+  std::string ctorch_site_dir;
 };
 
 // `base` plus torchrun's variables, formatted as torchrun formats them

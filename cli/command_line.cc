@@ -552,6 +552,12 @@ void set_program(const ParsedOptions& o, const std::map<std::string, std::string
     c.entrypoint.insert(c.entrypoint.end(), rest.begin(), rest.end());
   }
   c.virtual_local_rank = o.at("virtual_local_rank").flag;
+  c.cpu_backend = o.at("cpu_backend").text;
+  if (c.cpu_backend != "gloo" && c.python.empty()) {
+    out->notices.push_back(o.source("cpu_backend") + "=" + c.cpu_backend +
+                           " is for Python workers; with --no_python the program chooses its own "
+                           "collectives (libctorch_dist for C++ workers)");
+  }
   check_virtual_local_rank(env, c);
   // The workers' environment: ours, with torchrun's OMP_NUM_THREADS rule.
   c.environment = env;

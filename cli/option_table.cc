@@ -191,6 +191,14 @@ std::vector<OptionRow> own_rows() {
       row("events_file", "--events-file,--events_file", V::kText, "",
           "append one JSON object per lifecycle event to this file")
           .completing(Completion::kFile),
+      row("cpu_backend", "--cpu-backend,--cpu_backend", V::kText, "gloo",
+          "gloo, or ctorch: an unmodified script's gloo process groups "
+          "(init_process_group(\"gloo\"), "
+          "new_group, torch 2.x's default CPU backend) run on the bundled runtime (shared memory "
+          "on a host) for CPU tensors, while dist.get_backend() still answers gloo; a start-up "
+          "hook first on the workers' PYTHONPATH does it and then runs any other sitecustomize "
+          "(README \"Unmodified scripts on ctorch\")")
+          .with_choices({"gloo", "ctorch"}, true),
       row("status_host", "--status-host,--status_host", V::kText, "0.0.0.0",
           "address the agent's HTTP endpoints bind (TORCHELASTIC_HEALTH_CHECK_PORT's /healthz); "
           "127.0.0.1 keeps them to this host"),

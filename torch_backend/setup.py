@@ -60,6 +60,10 @@ setup(
     version=project_version(),
     description="ctorchrun's collective runtime (libctorch_dist) as the torch.distributed backend 'ctorch'",
     packages=["ctorch"],
+    py_modules=["ctorch_autoload"],
+    # torch 2.5+ imports these at `import torch`: init_process_group("ctorch")
+    # then works without `import ctorch`.
+    entry_points={"torch.backends": ["ctorch = ctorch_autoload:load"]},
     ext_modules=[Extension(module_name(), sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",

@@ -17,10 +17,14 @@ PYTHONPATH). It does three things, and imports nothing heavy:
    (torchrun's workers, multiprocessing's spawn) runs torch 2.6 too.
 3. The environment is put back as the wrapper was given it (PYTHONPATH), so
    that child processes see the caller's environment plus USE_LIBUV only.
+
+Then the next sitecustomize on sys.path (ctorchrun's --cpu_backend hook, the
+user's, Debian's) runs as if this one were not there.
 """
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -75,3 +79,23 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _PatchAfterImport())
+
+
+def _chain():
+    """Runs the next sitecustomize on sys.path, which this one would hide."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    rest, seen = [], False
+    for entry in sys.path:
+        if seen:
+            rest.append(entry)
+        elif os.path.realpath(entry or os.curdir) == here:
+            seen = True
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+_chain()

@@ -195,3 +195,19 @@ TEST_CASE("worker env: --virtual_local_rank gives LOCAL_RANK=0 and the worker's 
   CHECK(env.at("LOCAL_RANK") == "3");
   CHECK(env.at("CUDA_VISIBLE_DEVICES") == "0,1");
 }
+
+TEST_CASE("worker env: --cpu_backend ctorch puts its hook first on PYTHONPATH, the package last",
+          "[unit]") {
+  WorkerPlacement p;
+  p.ctorch_package_dir = "/pkg";
+  p.ctorch_site_dir = "/pkg/ctorch_site";
+  auto env = build_worker_env({{"PYTHONPATH", "/mine:/yours"}}, p);
+  CHECK(env.at("PYTHONPATH") == "/pkg/ctorch_site:/mine:/yours:/pkg");
+  CHECK(env.at("CTORCHRUN_CPU_BACKEND") == "ctorch");
+  env = build_worker_env({}, p);
+  CHECK(env.at("PYTHONPATH") == "/pkg/ctorch_site:/pkg");
+  p.ctorch_site_dir.clear();
+  env = build_worker_env({{"PYTHONPATH", "/mine"}}, p);
+  CHECK(env.at("PYTHONPATH") == "/mine:/pkg");
+  CHECK(env.count("CTORCHRUN_CPU_BACKEND") == 0);
+}

@@ -528,3 +528,13 @@ TEST_CASE("command line: --virtual_local_rank needs a visible device per local r
   CHECK(r.message.find("local_rank 2 exceeds available GPUs in CUDA_VISIBLE_DEVICES=4,5") !=
         std::string::npos);
 }
+
+TEST_CASE("command line: --cpu_backend is gloo or ctorch, gloo by default", "[unit]") {
+  CHECK(parse({"s.py"}).config.cpu_backend == "gloo");
+  CHECK(parse({"--cpu-backend=ctorch", "s.py"}).config.cpu_backend == "ctorch");
+  CHECK(parse({"s.py"}, {{"PET_CPU_BACKEND", "ctorch"}}).config.cpu_backend == "ctorch");
+  require_usage_error({"--cpu_backend=mpi", "s.py"}, "--cpu_backend");
+  auto r = parse({"--cpu_backend=ctorch", "--no_python", "./trainer"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.notices.size() == 1);  // it is for Python workers
+}

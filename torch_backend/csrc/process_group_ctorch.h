@@ -72,6 +72,12 @@ class ProcessGroupCtorch : public BackendBase {
   const std::string getBackendName() const override { return "ctorch"; }
   // "shm", "hier" or "gloo": what moves this group's data.
   std::string transport() const { return group_->transport(); }
+  // torch sets the sequence number of a group it takes for gloo or nccl
+  // (--cpu_backend ctorch records gloo groups as gloo): 0 on every rank.
+  // It stays 0: libctorch_dist checks that the ranks' calls match itself
+  // (CTORCHRUN_DIST_CHECK_CALLS), so torch's desync report has nothing to add.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return 0; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
