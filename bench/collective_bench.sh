@@ -13,6 +13,9 @@
 #   ctorch torch.distributed with ctorchrun's own backend (the same script,
 #          --backend ctorch: torch_backend/, `import ctorch`; not in the
 #          default set: SYSTEMS="ctorch torch" compares the two)
+#   unmodified  the torch script asking for gloo, run under
+#          `ctorchrun --cpu_backend ctorch` (its groups on ctorch without
+#          `import ctorch`; not in the default set)
 #   mpi    Open MPI (build/bin/ctorch-mpi-bench under mpirun --oversubscribe
 #          --allow-run-as-root; built when CMake finds MPI)
 # For each repetition, world size and op, the four sweep every size in turn,
@@ -75,12 +78,15 @@ for rep in $(seq 1 "$reps"); do
           gloo) ours 0 "$n" "$op" ;;
           shm-nocma) ours 1 "$n" "$op" 0 ;;
           shm-cma) ours 1 "$n" "$op" 1 ;;
-          torch | ctorch)
+          torch | ctorch | unmodified)
             tb=$backend
             if [ "$who" = ctorch ]; then tb=ctorch; fi
+            cpu_backend=gloo
+            if [ "$who" = unmodified ]; then cpu_backend=ctorch; fi
             case $op in
               all_reduce | broadcast | all_gather | reduce_scatter | barrier)
                 build/bin/ctorchrun --nproc_per_node="$n" --master_port="$(port)" \
+                  --cpu_backend "$cpu_backend" \
                   bench/collective_bench_torch.py --backend "$tb" --op "$op" --min-bytes "$min" \
                   --max-bytes "$max" --json 2>/dev/null
                 ;;
@@ -126,6 +132,7 @@ for op, world in dict.fromkeys((k[0], k[1]) for k in times):
     head = ["size"] + [f"{s} us" for s in systems] + [f"{s} busbw" for s in systems]
     ratios = [("shm", "mpi"), ("shm", "torch")] if "shm" in systems else []
     if "ctorch" in systems: ratios += [("ctorch", "torch")] + ([("ctorch", "shm")] if "shm" in systems else [])
+    if "unmodified" in systems: ratios += [("unmodified", "torch")] + ([("unmodified", "ctorch")] if "ctorch" in systems else [])
     if "shm-nocma" in systems: ratios.append(("shm-nocma", "torch"))
     if "shm-cma" in systems: ratios.append(("shm-cma", "shm"))
     head += [f"{a}/{b}" for a, b in ratios]

@@ -58,7 +58,9 @@ def main():
             times.append((time.perf_counter() - start) * 1e3)
     if dist.get_rank() == 0:
         params = sum(p.numel() for p in model.parameters())
-        print(json.dumps({"backend": a.backend + ("-nocomm" if a.no_comm else ""),
+        # Under ctorchrun --cpu_backend ctorch the script's gloo groups run on ctorch.
+        via = " (--cpu_backend ctorch)" if os.environ.get("CTORCHRUN_CPU_BACKEND") == "ctorch" else ""
+        print(json.dumps({"backend": a.backend + ("-nocomm" if a.no_comm else "") + via,
                           "world": dist.get_world_size(), "params": params,
                           "batch": a.batch, "median_ms": statistics.median(times),
                           "min_ms": min(times)}), flush=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A communication-bound DDP training step on gloo and on ctorch, alternately
-# in one run (bench/torch_ddp_bench.py under ctorchrun), plus the same step
+# in one run (bench/torch_ddp_bench.py under ctorchrun), the unmodified gloo
+# script under `ctorchrun --cpu_backend ctorch`, plus the same step
 # with no all_reduce at all (every step under no_sync: the floor the
 # communication adds to). Prints the load average, one JSON line per run and
 # a table of medians over the repetitions.
@@ -18,8 +19,13 @@ trap 'rm -f "$out"' EXIT
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)," \
   "$(nproc) cores, $nproc ranks"
 for rep in $(seq 1 "$reps"); do
-  for run in "gloo" "ctorch" "ctorch --no-comm"; do
+  # "gloo --cpu_backend ctorch": the script unmodified (it asks for gloo), the
+  # launcher's --cpu_backend ctorch putting its groups on ctorch.
+  for run in "gloo" "ctorch" "gloo --cpu_backend ctorch" "ctorch --no-comm"; do
+    launcher=()
+    if [[ $run == *--cpu_backend* ]]; then launcher=(--cpu_backend ctorch); run=gloo; fi
     build/bin/ctorchrun --nproc_per_node="$nproc" --master_port=$((20000 + RANDOM % 12000)) \
+      "${launcher[@]}" \
       bench/torch_ddp_bench.py --backend $run --steps "${STEPS:-10}" --batch "${BATCH:-1}" \
       --layers "${LAYERS:-4}" --hidden "${HIDDEN:-4096}" 2>/dev/null | tee -a "$out"
   done
