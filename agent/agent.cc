@@ -479,6 +479,16 @@ std::vector<worker::WorkerSpec> ElasticAgent::Impl::worker_specs(int attempt) {
       const auto& f = *c_.local_ranks_filter;
       s.console = std::find(f.begin(), f.end(), lr) != f.end();
     }
+    // torch main's filtered copies of teed lines, one file per attempt.
+    const std::string attempt_path = run_dir_ + "/" + attempt_dir(attempt);
+    if (!c_.duplicate_stdout_filters.empty()) {
+      s.stdout_filters = c_.duplicate_stdout_filters;
+      s.filtered_stdout_path = attempt_path + "/filtered_stdout.log";
+    }
+    if (!c_.duplicate_stderr_filters.empty()) {
+      s.stderr_filters = c_.duplicate_stderr_filters;
+      s.filtered_stderr_path = attempt_path + "/filtered_stderr.log";
+    }
     specs.push_back(std::move(s));
   }
   return specs;

@@ -117,6 +117,11 @@ struct LaunchConfig {
   std::string events_file;
   // --event_log_handler=console: every event record on stderr too.
   bool events_to_console = false;
+  // --duplicate_stdout_filters / --duplicate_stderr_filters (torch main):
+  // teed lines holding any of these go to the attempt's filtered_stdout.log /
+  // filtered_stderr.log too (worker::WorkerSpec).
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
   // --status_host: the address the agent's HTTP endpoints bind
   // (TORCHELASTIC_HEALTH_CHECK_PORT's server); 0.0.0.0 so that a Kubernetes
   // probe reaches the pod's address.

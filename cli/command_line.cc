@@ -501,6 +501,23 @@ void set_stopping(const ParsedOptions& o, agent::LaunchConfig* c) {
   }
 }
 
+// torch main's comma_separated_list: items split at ',', ",," a comma in one.
+std::vector<std::string> filter_list(const std::string& text) {
+  if (text.empty()) return {};
+  std::vector<std::string> items(1);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      items.back() += text[i];
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      items.back() += ',';
+      ++i;
+    } else {
+      items.emplace_back();
+    }
+  }
+  return items;
+}
+
 // Logs, redirects, tee and the console filter.
 void set_output(const ParsedOptions& o, const std::map<std::string, std::string>& env,
                 agent::LaunchConfig* c) {
@@ -510,6 +527,8 @@ void set_output(const ParsedOptions& o, const std::map<std::string, std::string>
   const std::vector<int>& filter = o.at("local_ranks_filter").list;
   if (!filter.empty()) c->local_ranks_filter = filter;
   c->events_file = o.at("events_file").text;
+  c->duplicate_stdout_filters = filter_list(o.at("duplicate_stdout_filters").text);
+  c->duplicate_stderr_filters = filter_list(o.at("duplicate_stderr_filters").text);
   // torch main: the option, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
   const std::string& prefix = o.at("log_line_prefix_template").text;
   c->log_line_prefix_template =

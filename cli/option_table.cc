@@ -126,6 +126,16 @@ std::vector<OptionRow> output_rows() {
           "[<role><local_rank>]:; same syntax as --redirects")
           .with_choices({"0", "1", "2", "3"}, false)
           .since("1.13"),
+      row("duplicate_stdout_filters", "--duplicate-stdout-filters,--duplicate_stdout_filters",
+          V::kText, "",
+          "comma-separated substrings (,, is a comma): a teed stdout line holding any of them "
+          "also goes to filtered_stdout.log in the attempt's log directory")
+          .unset_by_empty()
+          .since("main"),
+      row("duplicate_stderr_filters", "--duplicate-stderr-filters,--duplicate_stderr_filters",
+          V::kText, "", "the same for teed stderr lines, to filtered_stderr.log")
+          .unset_by_empty()
+          .since("main"),
       row("log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template",
           V::kText, "",
           "prefix of each teed console line: ${role_name}, ${rank}, ${local_rank}, ${hostname} "

@@ -92,6 +92,16 @@ struct WorkerSpec {
   // neither redirected nor teed goes to /dev/null, as torch 2.x's
   // DefaultLogsSpecs does. Its files are unaffected.
   bool console = true;
+  // torch main's --duplicate-stdout-filters/--duplicate-stderr-filters: a
+  // teed line of the stream holding any of these substrings is also
+  // appended, with its prefix, to the path (torchrun's filtered_stdout.log
+  // and filtered_stderr.log, one per attempt, shared by its workers: each
+  // line is one write to an O_APPEND file). Empty: no filtering. Applies
+  // whether or not the line reaches the console (--local_ranks_filter).
+  std::vector<std::string> stdout_filters;
+  std::vector<std::string> stderr_filters;
+  std::string filtered_stdout_path;
+  std::string filtered_stderr_path;
   // The CPUs the worker may run on (sched_setaffinity before exec); empty:
   // the agent's. A CPU this process may not use fails the worker's start.
   std::vector<int> cpus;

@@ -178,17 +178,26 @@ class OutputPump : public std::enable_shared_from_this<OutputPump> {
   // console_fd: 1 or 2 for a teed stream, -1 for one that goes to its file
   // only. on_file_error: called once if the file cannot be written.
   OutputPump(asio::io_context& io, UniqueFd pipe, std::shared_ptr<UniqueFd> file, int console_fd,
-             std::string prefix, detail::TeeWriter::FileError on_file_error)
+             std::string prefix, detail::TeeWriter::FileError on_file_error,
+             std::shared_ptr<detail::LineFilter> duplicate = nullptr)
       : pipe_(io, pipe.release()),
         file_(std::move(file)),
-        writer_(
-            file_ ? file_->get() : -1,
-            console_fd < 0
-                ? detail::TeeWriter::ConsoleLine()
-                : [console_fd](std::string line) { Console::write(console_fd, std::move(line)); },
-            std::move(prefix), std::move(on_file_error)) {}
+        writer_(file_ ? file_->get() : -1,
+                lines_to(console_fd, prefix.size(), std::move(duplicate)), std::move(prefix),
+                std::move(on_file_error)) {}
 
   void start() { arm(); }
+
+  // Where complete lines go: the console (console_fd 1 or 2; -1 for none)
+  // and the lines `duplicate` matches to its file. Empty when neither.
+  static detail::TeeWriter::ConsoleLine lines_to(int console_fd, size_t prefix_size,
+                                                 std::shared_ptr<detail::LineFilter> duplicate) {
+    if (console_fd < 0 && !duplicate) return {};
+    return [console_fd, prefix_size, duplicate](std::string line) {
+      if (duplicate) duplicate->offer(line, prefix_size);
+      if (console_fd >= 0) Console::write(console_fd, std::move(line));
+    };
+  }
 
   // Reads what the pipe holds now, e.g. right after the worker exited.
   void drain() {
@@ -899,16 +908,23 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   auto on_error = [this](const std::string& path) {
     return [this, path](int error) { note_truncated(path, error); };
   };
+  // The filtered copies of teed streams (console or not).
+  auto duplicate = [&](unsigned stream, const std::vector<std::string>& filters,
+                       const std::string& path) -> std::shared_ptr<detail::LineFilter> {
+    if (!(spec.tee & stream) || filters.empty() || path.empty()) return nullptr;
+    return std::make_shared<detail::LineFilter>(filters, path, on_error(path));
+  };
   if (to_file & kStdout) {
-    w->pumps.push_back(std::make_shared<OutputPump>(io_, std::move(out_read), out_file,
-                                                    (teed & kStdout) ? STDOUT_FILENO : -1,
-                                                    spec.prefix, on_error(spec.stdout_path)));
+    w->pumps.push_back(std::make_shared<OutputPump>(
+        io_, std::move(out_read), out_file, (teed & kStdout) ? STDOUT_FILENO : -1, spec.prefix,
+        on_error(spec.stdout_path),
+        duplicate(kStdout, spec.stdout_filters, spec.filtered_stdout_path)));
   }
   if ((to_file & kStderr) && !one_pipe) {
     const std::string& path = err_file == out_file ? spec.stdout_path : spec.stderr_path;
-    w->pumps.push_back(std::make_shared<OutputPump>(io_, std::move(err_read), err_file,
-                                                    (teed & kStderr) ? STDERR_FILENO : -1,
-                                                    spec.prefix, on_error(path)));
+    w->pumps.push_back(std::make_shared<OutputPump>(
+        io_, std::move(err_read), err_file, (teed & kStderr) ? STDERR_FILENO : -1, spec.prefix,
+        on_error(path), duplicate(kStderr, spec.stderr_filters, spec.filtered_stderr_path)));
   }
   for (auto& pump : w->pumps) pump->start();
   {

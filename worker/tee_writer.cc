@@ -1,10 +1,13 @@
 #include "worker/tee_writer.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 namespace ctorchrun::worker::detail {
 
@@ -78,6 +81,32 @@ void TeeWriter::console_line(const char* data, size_t size) {
   line.reserve(prefix_.size() + size + 1);
   line.append(prefix_).append(data, size).push_back('\n');
   console_(std::move(line));
+}
+
+LineFilter::LineFilter(std::vector<std::string> filters, std::string path, FileError on_error)
+    : filters_(std::move(filters)), path_(std::move(path)), on_error_(std::move(on_error)) {}
+
+LineFilter::~LineFilter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void LineFilter::offer(const std::string& line, size_t prefix_size) {
+  if (failed_) return;
+  const std::string_view text = std::string_view(line).substr(std::min(prefix_size, line.size()));
+  bool match = false;
+  for (const std::string& f : filters_) {
+    if (text.find(f) != std::string_view::npos) {
+      match = true;
+      break;
+    }
+  }
+  if (!match) return;
+  if (fd_ < 0) fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0 || !write_all(fd_, line.data(), line.size())) {
+    const int error = errno;
+    failed_ = true;
+    if (on_error_) on_error_(error);
+  }
 }
 
 }  // namespace ctorchrun::worker::detail

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ctorchrun::worker::detail {
 
@@ -47,6 +48,29 @@ class TeeWriter {
   FileError on_file_error_;
   std::string partial_;       // console bytes after the last '\n'
   bool after_piece_ = false;  // the last console line was a kMaxLine piece
+};
+
+// torch main's duplicate filters: a line holding any of `filters` (after its
+// console prefix) is appended to `path` (opened O_APPEND on first use, so
+// that the workers of an attempt share the file a whole line at a time). A
+// failing open or write is handed to `on_error` once and ends the copying.
+class LineFilter {
+ public:
+  using FileError = std::function<void(int error)>;
+  LineFilter(std::vector<std::string> filters, std::string path, FileError on_error);
+  ~LineFilter();
+  LineFilter(const LineFilter&) = delete;
+  LineFilter& operator=(const LineFilter&) = delete;
+
+  // `line`: prefix (`prefix_size` bytes) + the worker's line + '\n'.
+  void offer(const std::string& line, size_t prefix_size);
+
+ private:
+  std::vector<std::string> filters_;
+  std::string path_;
+  FileError on_error_;
+  int fd_ = -1;
+  bool failed_ = false;
 };
 
 // Writes all of [data, data+size) to fd, retrying on EINTR, partial writes

@@ -538,3 +538,16 @@ TEST_CASE("command line: --cpu_backend is gloo or ctorch, gloo by default", "[un
   REQUIRE(r.kind == ParseOutcome::Kind::kRun);
   CHECK(r.notices.size() == 1);  // it is for Python workers
 }
+
+TEST_CASE("command line: --duplicate-*-filters split at commas as torch main's, ,, a comma",
+          "[unit]") {
+  auto r = parse({"--duplicate-stdout-filters=apple,orange,,pie", "--duplicate_stderr_filters",
+                  "Traceback", "s.py"});
+  REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+  CHECK(r.config.duplicate_stdout_filters == std::vector<std::string>{"apple", "orange,pie"});
+  CHECK(r.config.duplicate_stderr_filters == std::vector<std::string>{"Traceback"});
+  CHECK(parse({"s.py"}).config.duplicate_stdout_filters.empty());
+  CHECK(parse({"--duplicate_stdout_filters=", "s.py"}).config.duplicate_stdout_filters.empty());
+  CHECK(parse({"s.py"}, {{"PET_DUPLICATE_STDERR_FILTERS", "a,,b,c"}})
+            .config.duplicate_stderr_filters == std::vector<std::string>{"a,b", "c"});
+}

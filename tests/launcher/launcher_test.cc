@@ -521,3 +521,32 @@ TEST_CASE("ctorchrun: --virtual-local-rank gives each worker LOCAL_RANK=0 and it
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("exceeds available GPUs") != std::string::npos);
 }
+
+TEST_CASE(
+    "ctorchrun: --duplicate-stdout-filters copies matching teed lines of every worker to the "
+    "attempt's filtered_stdout.log, as torch main's torchrun",
+    "[multiproc]") {
+  TempDir d;
+  auto r = run_ctorchrun(
+      concat({"--nproc_per_node=2", "--tee=3", "--log_dir=" + d.path, "--rdzv_id=dup",
+              "--local_ranks_filter=0", "--duplicate-stdout-filters=apple,orange,,pie",
+              "--duplicate_stderr_filters=boom"},
+             sh("echo apple $RANK; echo pear $RANK; echo orange,pie $RANK; "
+                "echo boom $RANK >&2; echo apple-on-stderr >&2")));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::string attempt;
+  for (const auto& e : std::filesystem::directory_iterator(d.path)) {
+    if (e.path().filename().string().rfind("dup_", 0) == 0)
+      attempt = e.path().string() + "/attempt_0";
+  }
+  REQUIRE(!attempt.empty());
+  auto lines = lines_of(attempt + "/filtered_stdout.log");
+  std::sort(lines.begin(), lines.end());
+  // Rank 1 is kept off the console, not out of the filtered file.
+  CHECK(lines == std::vector<std::string>{"[default0]:apple 0", "[default0]:orange,pie 0",
+                                          "[default1]:apple 1", "[default1]:orange,pie 1"});
+  auto errors = lines_of(attempt + "/filtered_stderr.log");
+  std::sort(errors.begin(), errors.end());
+  CHECK(errors == std::vector<std::string>{"[default0]:boom 0", "[default1]:boom 1"});
+}
