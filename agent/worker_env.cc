@@ -85,8 +85,7 @@ std::vector<std::string> substitute_local_rank(const std::vector<std::string>& a
 std::string short_hostname() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  const std::string name = buf;
-  return name.substr(0, name.find('.'));
+  return buf;
 }
 
 std::string log_line_prefix(const std::string& tmpl, const std::string& role, int rank,

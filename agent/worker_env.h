@@ -68,16 +68,17 @@ int base_global_rank(const std::vector<int>& local_world_sizes, int group_rank);
 std::vector<std::string> substitute_local_rank(const std::vector<std::string>& argv,
                                                int local_rank);
 
-// This host's name up to its first '.' ("node7" of "node7.cluster.local").
+// This host's name as gethostname() gives it, not the fully qualified one
+// (torch main's socket.gethostname() for ${hostname}: "r12i0n8").
 std::string short_hostname();
 
 // The console prefix of a worker's teed lines. An empty `tmpl` gives
 // torchrun's "[<role><local_rank>]:". Otherwise `tmpl` is
 // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, expanded as torch 2.x expands it
 // (Python's string.Template.safe_substitute): ${role_name} or $role_name,
-// ${rank} (global), ${local_rank} and torch main's ${hostname} (`hostname`,
-// the short host name) are replaced, "$$" is one '$', any other '$' text stays
-// as written, and nothing (no ':') is appended.
+// ${rank} (global), ${local_rank} and torch main's ${hostname} (`hostname`:
+// gethostname(), not the fully qualified name) are replaced, "$$" is one '$', any other '$' text
+// stays as written, and nothing (no ':') is appended.
 std::string log_line_prefix(const std::string& tmpl, const std::string& role, int rank,
                             int local_rank, const std::string& hostname = short_hostname());
 

@@ -550,6 +550,45 @@ void check_virtual_local_rank(const std::map<std::string, std::string>& env,
   }
 }
 
+// --run_path: the script runs in this interpreter with runpy.run_path, as
+// torchrun's run_script_path does, wrapped in torch's @record when torch is
+// there (an uncaught exception's traceback reaches the error file and the
+// summary), and the worker ends as torchrun's multiprocessing child does:
+// non-daemon threads joined, atexit handlers run, the streams flushed, then
+// os._exit, so that no interpreter finalization (where torch 2.x's gloo
+// threads can race Python's shutdown and abort) follows. SystemExit is
+// taken as Python takes it.
+constexpr const char* kRunPathBootstrap = R"(import os, runpy, sys, threading
+sys.argv = sys.argv[1:]
+code = 0
+try:
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import record
+    except Exception:
+        record = lambda f: f
+    record(lambda: runpy.run_path(sys.argv[0], run_name="__main__"))()
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    if not isinstance(e.code, int) and e.code is not None:
+        print(e.code, file=sys.stderr)
+except BaseException:
+    import traceback
+    traceback.print_exc()
+    code = 1
+try:
+    threading._shutdown()
+except Exception:
+    pass
+import atexit
+atexit._run_exitfuncs()
+for stream in (sys.stdout, sys.stderr):
+    try:
+        stream.flush()
+    except Exception:
+        pass
+os._exit(code & 0xFF)
+)";
+
 // What each worker runs, and its environment.
 void set_program(const ParsedOptions& o, const std::map<std::string, std::string>& env,
                  ParseOutcome* out) {
@@ -567,7 +606,11 @@ void set_program(const ParsedOptions& o, const std::map<std::string, std::string
         getenv_or(env, "CTORCHRUN_PYTHON", getenv_or(env, "PYTHON_EXEC", "python3"));
     c.entrypoint = {python, "-u"};
     c.python = python;
-    if (module) c.entrypoint.push_back("-m");
+    if (o.at("run_path").flag) {
+      c.entrypoint.insert(c.entrypoint.end(), {"-c", kRunPathBootstrap});
+    } else if (module) {
+      c.entrypoint.push_back("-m");
+    }
     c.entrypoint.insert(c.entrypoint.end(), rest.begin(), rest.end());
   }
   c.virtual_local_rank = o.at("virtual_local_rank").flag;

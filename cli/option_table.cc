@@ -103,7 +103,9 @@ std::vector<OptionRow> program_rows() {
           "sees its GPU as device 0; --numa_binding still binds by the real device")
           .since("main"),
       row("run_path", "--run-path,--run_path", V::kFlag, "",
-          "accepted for torchrun compatibility: the script runs as with Python")
+          "run the script with runpy.run_path as torchrun does (before --no_python and "
+          "--module): its traceback reaches the summary through torch's @record, and the worker "
+          "ends with os._exit once its threads and atexit handlers are done")
           .since("1.13"),
   };
 }
@@ -139,7 +141,8 @@ std::vector<OptionRow> output_rows() {
       row("log_line_prefix_template", "--log-line-prefix-template,--log_line_prefix_template",
           V::kText, "",
           "prefix of each teed console line: ${role_name}, ${rank}, ${local_rank}, ${hostname} "
-          "(the short host name) are replaced (default [${role_name}${local_rank}]:; beats "
+          "(gethostname(), not the fully qualified name) are replaced (default "
+          "[${role_name}${local_rank}]:; beats "
           "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)")
           .unset_by_empty()
           .since("main"),

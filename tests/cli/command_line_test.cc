@@ -551,3 +551,22 @@ TEST_CASE("command line: --duplicate-*-filters split at commas as torch main's, 
   CHECK(parse({"s.py"}, {{"PET_DUPLICATE_STDERR_FILTERS", "a,,b,c"}})
             .config.duplicate_stderr_filters == std::vector<std::string>{"a,b", "c"});
 }
+
+TEST_CASE("command line: --run_path runs the script through runpy, before --module", "[unit]") {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--run-path", "/abs/s.py", "a"},
+        std::vector<std::string>{"--run_path", "-m", "/abs/s.py", "a"},
+        std::vector<std::string>{"--run_path", "--no_python", "/abs/s.py", "a"}}) {
+    auto r = parse(args);
+    INFO(r.message);
+    REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+    const auto& e = r.config.entrypoint;
+    REQUIRE(e.size() == 6);
+    CHECK(e[0] == "/usr/bin/python3");
+    CHECK(e[2] == "-c");
+    CHECK(e[3].find("runpy.run_path(sys.argv[0], run_name=\"__main__\")") != std::string::npos);
+    CHECK(e[3].find("os._exit(") != std::string::npos);
+    CHECK(std::vector<std::string>(e.begin() + 4, e.end()) ==
+          std::vector<std::string>{"/abs/s.py", "a"});
+  }
+}

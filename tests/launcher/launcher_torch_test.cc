@@ -235,3 +235,47 @@ TEST_CASE("ctorchrun: a torch worker's @record error file puts its traceback in 
   CHECK(std::regex_search(
       r.output, std::regex("error_file: " + d.path + "/standalone_[^/]+/attempt_0/1/error.json")));
 }
+
+TEST_CASE(
+    "ctorchrun: --run-path runs the script with runpy and ends the worker as torchrun's does: "
+    "threads joined, atexit run, no interpreter finalization",
+    "[torch]") {
+  TempDir d;
+  const std::string script = d.file("run_path_script.py");
+  std::ofstream(script) << R"(import atexit, os, sys, threading, time
+class Finalized:
+    def __del__(self):
+        print("FINALIZED", flush=True)
+keep = Finalized()
+atexit.register(lambda: print("ATEXIT", flush=True))
+threading.Thread(target=lambda: (time.sleep(0.2), print("THREAD", flush=True))).start()
+print("MAIN", __name__, sys.argv[1:], flush=True)
+if sys.argv[1] == "exit3":
+    sys.exit(3)
+if sys.argv[1] == "raise":
+    raise ValueError("boom from the script")
+)";
+  auto r = run_ctorchrun({"--nproc_per_node=1", "--master_port=" + std::to_string(free_port()),
+                          "--run-path", script, "ok"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("MAIN __main__ ['ok']") != std::string::npos);
+  CHECK(r.output.find("THREAD") != std::string::npos);
+  CHECK(r.output.find("ATEXIT") != std::string::npos);
+  CHECK(r.output.find("FINALIZED") == std::string::npos);  // os._exit: no finalization
+  // Without --run-path the interpreter finalizes as usual.
+  r = run_ctorchrun(
+      {"--nproc_per_node=1", "--master_port=" + std::to_string(free_port()), script, "ok"});
+  CHECK(r.output.find("FINALIZED") != std::string::npos);
+  r = run_ctorchrun({"--nproc_per_node=1", "--master_port=" + std::to_string(free_port()),
+                     "--run_path", script, "exit3"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("exitcode  : 3") != std::string::npos);
+  // An uncaught exception: torch's @record puts its traceback in the summary.
+  r = run_ctorchrun({"--nproc_per_node=1", "--master_port=" + std::to_string(free_port()),
+                     "--run-path", script, "raise"});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("ValueError: boom from the script") != std::string::npos);
+  CHECK(r.output.find("error_file: <N/A>") == std::string::npos);
+}
