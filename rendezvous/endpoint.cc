@@ -191,6 +191,30 @@ std::vector<std::string> bind_addresses_for(const std::string& addr) {
   return {one};
 }
 
+bool resolves(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (res != nullptr) freeaddrinfo(res);
+  return rc == 0;
+}
+
+bool await_resolvable(const std::string& host, Clock::time_point deadline,
+                      milliseconds log_interval, const std::function<void()>& on_wait) {
+  auto next_log = Clock::now() + log_interval;
+  for (;;) {
+    if (resolves(host)) return true;
+    if (Clock::now() >= deadline) return false;
+    if (Clock::now() >= next_log) {
+      next_log = Clock::now() + log_interval;
+      if (on_wait) on_wait();
+    }
+    std::this_thread::sleep_for(std::min(left_until(deadline), milliseconds(250)));
+  }
+}
+
 std::string format_endpoint(const std::string& addr, int port) {
   return (addr.find(':') != std::string::npos ? "[" + addr + "]" : addr) + ":" +
          std::to_string(port);

@@ -55,6 +55,17 @@ std::string bind_address_for(const std::string& addr);
 // Throws IoError as bind_address_for.
 std::vector<std::string> bind_addresses_for(const std::string& addr);
 
+// Whether `host` resolves now (a numeric address always does).
+bool resolves(const std::string& host);
+
+// Waits until `host` resolves, looking it up again every 250 ms, until
+// `deadline`: a name that is not in DNS yet (a Kubernetes headless service
+// whose pod is not ready) is waited for, not taken as another host's.
+// `on_wait` is called at most once per `log_interval` meanwhile. False when
+// the deadline passed first.
+bool await_resolvable(const std::string& host, std::chrono::steady_clock::time_point deadline,
+                      std::chrono::milliseconds log_interval, const std::function<void()>& on_wait);
+
 // A client of the store at addr:port (addr without brackets).
 std::shared_ptr<store::TcpStore> tcp_client(const std::string& addr, int port,
                                             std::chrono::milliseconds connect_timeout,

@@ -34,6 +34,12 @@ class TcpCoordination : public Coordination {
     const std::string addr = strip_brackets(options_.endpoint_host);
     const int port = options_.endpoint_port;
     endpoint_ = format_endpoint(addr, port);
+    // Which agent hosts is decided from the name's addresses: wait for them
+    // (within join_timeout) rather than decide from a failed lookup.
+    await_resolvable(addr, deadline, options_.wait_log_interval, [&] {
+      log->info("rendezvous '{}': waiting for the endpoint's name {} to resolve",
+                options_.job.run_id, addr);
+    });
     host_endpoint_if_ours();
     ConnectRetry retry;
     retry.deadline = deadline;
