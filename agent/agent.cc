@@ -248,7 +248,8 @@ class ElasticAgent::Impl {
   WatchResult watch(int attempt, std::vector<FailureRecord>* local_failures);
   FailureRecord record_of(const worker::WorkerExit& e, int attempt) const;
   FailureRecord publish_failure(int attempt, const std::vector<FailureRecord>& local);
-  void stop_workers(int sig, int attempt);
+  // Returns the exits stop() returned (worker::Launcher::stop).
+  std::vector<worker::WorkerExit> stop_workers(int sig, int attempt);
   // Waits for `key` on the main store, bounded by the liveness of the job and
   // a deadline; the error names the nodes missing from `set_key` (if given).
   void await_nodes(const std::string& key, const std::string& set_key, const char* what);
@@ -590,7 +591,7 @@ FailureRecord ElasticAgent::Impl::publish_failure(int attempt,
   }
 }
 
-void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
+std::vector<worker::WorkerExit> ElasticAgent::Impl::stop_workers(int sig, int attempt) {
   health_->set_phase(AgentPhase::kStopping);
   if (hang_) hang_->unwatch();
   // Always: it also kills what exited workers left behind in their groups.
@@ -607,6 +608,7 @@ void ElasticAgent::Impl::stop_workers(int sig, int attempt) {
   }
   std::lock_guard<std::mutex> lock(phase_mutex_);
   workers_running_ = false;
+  return stopped;
 }
 
 void ElasticAgent::Impl::check_monitor() const {
@@ -1386,7 +1388,19 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
   events_.emit("attempt_failed", k,
                {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
   if (root.hang) root.message = report_hang(k, root);
-  stop_workers(SIGTERM, k);
+  // This node's workers that failed on their own before the stop (with the
+  // first, as torchrun's summary lists them all); those it ended are not.
+  std::vector<FailureRecord> local = out.local;
+  const bool here = root.node_rank == info_.group_rank;
+  for (const auto& e : stop_workers(SIGTERM, k)) {
+    if (e.before_stop && e.failed()) local.push_back(record_of(e, k));
+    // A hang's exit fields: how its stalled worker then ended.
+    if (root.hang && here && e.pid == root.pid) {
+      root.signaled = e.signaled;
+      root.signal = e.signal;
+      root.exit_code = e.exit_code;
+    }
+  }
   if (int sig = pending_signal_) {
     leave(true);
     return finish(signal_exit_code(c_, sig), signal_stop_message(c_, sig));
@@ -1414,7 +1428,6 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
     health_->set_phase(AgentPhase::kRestarting);
     return std::nullopt;
   }
-  const bool here = root.node_rank == info_.group_rank;
   std::string msg = "job failed after " + std::to_string(k) + "/" + std::to_string(budget_.max()) +
                     " restarts: rank " + std::to_string(root.rank) + " (local_rank " +
                     std::to_string(root.local_rank) + " on node " + std::to_string(root.node_rank) +
@@ -1437,7 +1450,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
   }
   RunResult r = finish(kFailed, msg);
   if (here) {
-    r.failures = out.local.empty() || root.hang ? std::vector<FailureRecord>{root} : out.local;
+    r.failures = local.empty() || root.hang ? std::vector<FailureRecord>{root} : local;
   }
   return r;
 }

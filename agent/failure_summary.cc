@@ -45,20 +45,63 @@ std::string indent(const std::string& s) {
   return out;
 }
 
+// Python's len() of a line: its code points (a byte that is not valid UTF-8
+// counts as one, as Python's surrogateescape decoding makes it).
+size_t code_points(const std::string& s, size_t begin, size_t end) {
+  size_t n = 0;
+  for (size_t i = begin; i < end; ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) ++n;
+  }
+  return n;
+}
+
+// The widest line of `s`, in code points.
+size_t widest_line(const std::string& s) {
+  size_t width = 0;
+  size_t begin = 0;
+  for (;;) {
+    size_t end = s.find('\n', begin);
+    if (end == std::string::npos) end = s.size();
+    width = std::max(width, code_points(s, begin, end));
+    if (end == s.size()) return width;
+    begin = end + 1;
+  }
+}
+
+// torch's summary, exitcode line (torch main):
+//   "  exitcode  : ${exitcode} (pid: ${pid}) ${signal_name}"
+// where signal_name is " (SIGSEGV)" for a signal Python names and "" otherwise:
+// two spaces before a signal's name, one trailing space without one.
 std::string format_one(size_t idx, const FailureRecord& f) {
+  const std::string name = f.signaled ? torch_signal_name(f.signal) : "";
   std::ostringstream os;
   os << "[" << idx << "]:\n"
      << "  time      : " << format_time(f.timestamp) << "\n"
      << "  host      : " << f.host << "\n"
      << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n"
-     << "  exitcode  : " << (f.hang ? std::string("hang") : std::to_string(f.torch_exitcode()))
-     << " (pid: " << f.pid << ")\n"
+     << "  exitcode  : " << f.torch_exitcode() << " (pid: " << f.pid << ") "
+     << (name.empty() ? "" : " (" + name + ")") << "\n"
      << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file) << "\n"
-     << "  traceback : " << indent(f.message);
+     << "  traceback : " << f.message;
   return os.str();
 }
 
 }  // namespace
+
+std::string torch_signal_name(int sig) {
+  // signal.Signals(sig).name of CPython on Linux: the canonical name of each
+  // number (SIGABRT, not SIGIOT; SIGIO, not SIGPOLL), and of the real-time
+  // signals only SIGRTMIN and SIGRTMAX.
+  static const char* const kNames[] = {
+      nullptr,     "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
+      "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
+      "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
+      "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
+  if (sig > 0 && sig < static_cast<int>(sizeof kNames / sizeof kNames[0])) return kNames[sig];
+  if (sig == SIGRTMIN) return "SIGRTMIN";
+  if (sig == SIGRTMAX) return "SIGRTMAX";
+  return "";
+}
 
 std::string FailureRecord::cause() const {
   if (hang) return "hang";
@@ -168,9 +211,12 @@ FailureRecord FailureRecord::from_json(const std::string& json) {
 
 void read_error_file(const std::string& path, FailureRecord* record) {
   if (record->message.empty()) {
+    // torch's own words: "Signal 11 (SIGSEGV) received by PID 7", with
+    // "<N/A>" for a signal Python has no name for.
+    const std::string name = torch_signal_name(record->signal);
     record->message = record->signaled ? "Signal " + std::to_string(record->signal) + " (" +
-                                             signal_name(record->signal) + ") received by PID " +
-                                             std::to_string(record->pid)
+                                             (name.empty() ? "<N/A>" : name) +
+                                             ") received by PID " + std::to_string(record->pid)
                                        : kNoTraceback;
   }
   std::ifstream in(path);
@@ -190,7 +236,9 @@ void read_error_file(const std::string& path, FailureRecord* record) {
   }
   const auto& m = j["message"];
   if (m.is_object()) {
-    std::string text;
+    // As torch shows it: the traceback, else the message, else "<N/A>",
+    // every line after the first indented by two spaces.
+    std::string text = "<N/A>";
     if (auto it = m.find("message"); it != m.end()) {
       if (!it->is_string()) return unreadable("\"message\".\"message\" is not a string");
       text = it->get<std::string>();
@@ -205,11 +253,13 @@ void read_error_file(const std::string& path, FailureRecord* record) {
       if (auto t = ex->find("timestamp"); t != ex->end()) ts = timestamp_of(*t);
     }
     record->error_file = path;
-    if (!text.empty()) record->message = text;
+    record->message = indent(text);
     if (ts && *ts) record->timestamp = *ts;
   } else if (m.is_string()) {
+    // Shown as written (torch indents only the @record form); an empty one
+    // leaves torch's default.
     record->error_file = path;
-    record->message = m.get<std::string>();
+    if (!m.get_ref<const std::string&>().empty()) record->message = m.get<std::string>();
     if (auto t = j.find("timestamp"); t != j.end()) {
       if (auto ts = timestamp_of(*t); ts && *ts) record->timestamp = *ts;
     }
@@ -220,22 +270,34 @@ void read_error_file(const std::string& path, FailureRecord* record) {
 
 std::string format_failure_summary(const std::string& entrypoint_name,
                                    std::vector<FailureRecord> failures) {
-  std::stable_sort(
-      failures.begin(), failures.end(),
-      [](const FailureRecord& a, const FailureRecord& b) { return a.earlier_than(b); });
-  const std::string sep(60, '=');
-  const std::string line(60, '-');
-  std::ostringstream os;
-  os << sep << "\n" << entrypoint_name << " FAILED\n" << line << "\nFailures:\n";
-  if (failures.size() == 1) {
-    os << "  <NO_OTHER_FAILURES>\n";
-  } else {
-    for (size_t i = 1; i < failures.size(); ++i) os << format_one(i, failures[i]) << "\n";
+  // As torch's ChildFailedError.format_msg: the failures numbered in rank
+  // order, the root cause (the earliest) under its own heading, the others
+  // above it; the rules as wide as the widest line, at most 60.
+  std::stable_sort(failures.begin(), failures.end(),
+                   [](const FailureRecord& a, const FailureRecord& b) { return a.rank < b.rank; });
+  size_t root = 0;
+  for (size_t i = 1; i < failures.size(); ++i) {
+    if (failures[i].earlier_than(failures[root])) root = i;
   }
-  os << line << "\nRoot Cause (first observed failure):\n"
-     << format_one(0, failures[0]) << "\n"
-     << sep << "\n";
-  return os.str();
+  const std::string title = entrypoint_name + " FAILED";
+  size_t width = widest_line(title);
+  std::string root_text;
+  std::string others;
+  for (size_t i = 0; i < failures.size(); ++i) {
+    std::string text = format_one(i, failures[i]);
+    width = std::max(width, widest_line(text));
+    if (i == root) {
+      root_text = std::move(text);
+    } else {
+      others += (others.empty() ? "" : "\n") + text;
+    }
+  }
+  if (others.empty()) others = "  <NO_OTHER_FAILURES>";
+  width = std::min<size_t>(width, 60);
+  const std::string border(width, '=');
+  const std::string section(width, '-');
+  return border + "\n" + title + "\n" + section + "\nFailures:\n" + others + "\n" + section +
+         "\nRoot Cause (first observed failure):\n" + root_text + "\n" + border + "\n";
 }
 
 }  // namespace ctorchrun::agent

@@ -21,11 +21,14 @@ struct FailureRecord {
   int64_t timestamp = 0;   // seconds since the epoch: error.json's, else when noticed
   int64_t noticed_ns = 0;  // when the agent noticed the exit: orders ties of `timestamp`
   std::string error_file;  // empty when the worker wrote none
-  std::string message;     // error.json's message or traceback; else a default
+  // The summary's traceback field as torch shows it: error.json's traceback
+  // (its lines after the first indented by two spaces) or message; else
+  // torch's default for the exit.
+  std::string message;
   int attempt = 0;
   // --hang_timeout's verdict (agent/hang_detector.h): no worker of the job
   // progressed for the timeout; `rank` stalled first. Its cause is "hang",
-  // whatever signal then stopped the workers.
+  // whatever signal then stopped the workers (the exit fields, once known).
   bool hang = false;
 
   // torchrun's "exitcode" column: the code, or minus the signal.
@@ -50,8 +53,14 @@ struct FailureRecord {
 // unreadable: <path>: <why>". Never throws for what the file holds.
 void read_error_file(const std::string& path, FailureRecord* record);
 
-// torchrun's summary: "<name> FAILED", the other failures, then the root
-// cause (the earliest timestamp). `failures` must not be empty.
+// Python's signal.Signals(sig).name, which torch's summary shows ("SIGSEGV");
+// empty for a number Python has no name for (most real-time signals).
+std::string torch_signal_name(int sig);
+
+// torchrun's summary, byte for byte torch main's ChildFailedError text from
+// its first rule to its last, then a newline: "<name> FAILED", the failures
+// numbered in rank order, the others first, then the root cause (the
+// earliest: timestamp, then when noticed). `failures` must not be empty.
 std::string format_failure_summary(const std::string& entrypoint_name,
                                    std::vector<FailureRecord> failures);
 

@@ -119,6 +119,9 @@ struct WorkerExit {
   int signal = 0;     // valid when signaled (the terminating signal); never folded into exit_code
   bool signaled = false;
   std::chrono::system_clock::time_point time;  // when the exit was noticed
+  // Set by stop() on the exits it returns of workers that had exited before
+  // it sent its signal: their own end, not the stop's doing.
+  bool before_stop = false;
   bool failed() const { return signaled || exit_code != 0; }
 };
 
@@ -172,7 +175,8 @@ class Launcher {
   // exited in time: nothing of a stopped set survives), reaps the workers and
   // closes their output files. Returns the exits not yet returned by wait(),
   // in start() order: the workers running when stop() was called, and any
-  // exit that happened while wait() was not looking. Bounded: returns within
+  // exit that happened while wait() was not looking (before_stop set on those
+  // that had exited before `sig` went out). Bounded: returns within
   // grace + about 2 s even if a worker cannot die (a process stuck in the
   // kernel; it is then left out of the result and logged). Idempotent: with
   // nothing to stop it returns an empty vector at once. `sig` 0 sends nothing

@@ -1050,6 +1050,20 @@ std::vector<WorkerExit> ProcessLauncher::stop(int sig, milliseconds grace) {
   if (workers_.empty()) return {};
   log_->debug("stopping workers count={} signal={} grace_ms={}", workers_.size(), signal_name(sig),
               grace.count());
+  // The workers that ended before the signal below, noticed already or still
+  // unnoticed zombies: those ends are their own.
+  for (auto& w : workers_) {
+    if (w->exited) {
+      w->exit.before_stop = true;
+    } else if (!w->status_lost) {
+      siginfo_t info;
+      std::memset(&info, 0, sizeof info);
+      if (::waitid(P_PID, static_cast<id_t>(w->pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid != 0) {
+        w->exit.before_stop = true;
+      }
+    }
+  }
   // Every group, also of workers that exited already: what they left behind
   // gets the signal too.
   for (auto& w : workers_) {

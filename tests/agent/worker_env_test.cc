@@ -2,8 +2,11 @@
 
 #include "agent/worker_env.h"
 
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <optional>
 #include <utility>
@@ -149,8 +152,143 @@ TEST_CASE("failure summary: reads torch's @record error file", "[unit]") {
   read_error_file(path, &r);
   CHECK(r.error_file == path);
   CHECK(r.timestamp == 1795327541);
-  CHECK(r.message == "Traceback...\nValueError: boom");
+  // Indented as torch shows a traceback in the summary.
+  CHECK(r.message == "Traceback...\n  ValueError: boom");
   std::remove(path.c_str());
+}
+
+namespace {
+
+// The summary's time field: torch's datetime.fromtimestamp(t).isoformat("_").
+std::string local_time(int64_t t) {
+  std::time_t tt = static_cast<std::time_t>(t);
+  std::tm tm{};
+  localtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", &tm);
+  return buf;
+}
+
+FailureRecord failure(int rank, int pid, int64_t timestamp) {
+  FailureRecord f;
+  f.rank = rank;
+  f.local_rank = rank;
+  f.host = "node7";
+  f.pid = pid;
+  f.timestamp = timestamp;
+  return f;
+}
+
+}  // namespace
+
+// The expected texts below are written by hand from torch main's
+// torch/distributed/elastic/multiprocessing/errors/__init__.py
+// (_FAILURE_FORMAT_TEMPLATE, _MSG_FORMAT_TEMPLATE, ChildFailedError.format_msg
+// and _format_failure, ProcessFailure.__post_init__), from its first rule to
+// its last, with a newline after.
+TEST_CASE("failure summary: an exit code, as torch main renders it (trailing space, 60 wide)",
+          "[unit]") {
+  FailureRecord f = failure(0, 5277, 1795327541);
+  f.exit_code = 1;
+  read_error_file("/nonexistent/error.json", &f);
+  const std::string rule(60, '='), section(60, '-');
+  CHECK(
+      format_failure_summary("train.py", {f}) ==
+      rule + "\ntrain.py FAILED\n" + section + "\nFailures:\n  <NO_OTHER_FAILURES>\n" + section +
+          "\nRoot Cause (first observed failure):\n[0]:\n  time      : " + local_time(1795327541) +
+          "\n  host      : node7\n  rank      : 0 (local_rank: 0)\n"
+          "  exitcode  : 1 (pid: 5277) \n  error_file: <N/A>\n"
+          "  traceback : To enable traceback see: "
+          "https://pytorch.org/docs/stable/elastic/errors.html\n" +
+          rule + "\n");
+}
+
+TEST_CASE(
+    "failure summary: a signal, as torch main renders it (two spaces, rules as wide as "
+    "the widest line)",
+    "[unit]") {
+  FailureRecord f = failure(3, 5277, 1795327541);
+  f.local_rank = 1;
+  f.signaled = true;
+  f.signal = SIGSEGV;
+  read_error_file("/nonexistent/error.json", &f);
+  // The widest line is the traceback: 54 characters.
+  const std::string rule(54, '='), section(54, '-');
+  CHECK(
+      format_failure_summary("w.py", {f}) ==
+      rule + "\nw.py FAILED\n" + section + "\nFailures:\n  <NO_OTHER_FAILURES>\n" + section +
+          "\nRoot Cause (first observed failure):\n[0]:\n  time      : " + local_time(1795327541) +
+          "\n  host      : node7\n  rank      : 3 (local_rank: 1)\n"
+          "  exitcode  : -11 (pid: 5277)  (SIGSEGV)\n  error_file: <N/A>\n"
+          "  traceback : Signal 11 (SIGSEGV) received by PID 5277\n" +
+          rule + "\n");
+  // A signal Python has no name for: "<N/A>" in the message, none after the pid.
+  FailureRecord rt = failure(0, 9, 1795327541);
+  rt.signaled = true;
+  rt.signal = SIGRTMIN + 3;
+  read_error_file("/nonexistent/error.json", &rt);
+  const std::string n = std::to_string(SIGRTMIN + 3);
+  const std::string s = format_failure_summary("w.py", {rt});
+  CHECK(s.find("\n  exitcode  : -" + n + " (pid: 9) \n") != std::string::npos);
+  CHECK(s.find("\n  traceback : Signal " + n + " (<N/A>) received by PID 9\n") !=
+        std::string::npos);
+  CHECK(torch_signal_name(SIGABRT) == "SIGABRT");
+  CHECK(torch_signal_name(SIGIO) == "SIGIO");
+  CHECK(torch_signal_name(SIGRTMIN) == "SIGRTMIN");
+  CHECK(torch_signal_name(SIGRTMAX) == "SIGRTMAX");
+  CHECK(torch_signal_name(0).empty());
+}
+
+TEST_CASE("failure summary: several failures numbered in rank order, the earliest the root cause",
+          "[unit]") {
+  // Rank 1 failed first: torch lists rank 0 as [0] under Failures and rank 1
+  // as [1] under Root Cause.
+  FailureRecord a = failure(0, 100, 1795327542);
+  a.exit_code = 3;
+  FailureRecord b = failure(1, 101, 1795327541);
+  b.exit_code = 5;
+  // A @record error file: its traceback indented under the field.
+  const std::string path = "/tmp/ctorchrun_summary_order_test.json";
+  {
+    std::ofstream out(path);
+    out << R"({"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": )"
+           R"("Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: boom", )"
+           R"("timestamp": "1795327541"}}})";
+  }
+  read_error_file("/nonexistent/error.json", &a);
+  read_error_file(path, &b);
+  std::remove(path.c_str());
+  const std::string rule(60, '='), section(60, '-');
+  const std::string expected =
+      rule + "\nx FAILED\n" + section +
+      "\nFailures:\n[0]:\n  time      : " + local_time(1795327542) +
+      "\n  host      : node7\n  rank      : 0 (local_rank: 0)\n"
+      "  exitcode  : 3 (pid: 100) \n  error_file: <N/A>\n"
+      "  traceback : To enable traceback see: "
+      "https://pytorch.org/docs/stable/elastic/errors.html\n" +
+      section +
+      "\nRoot Cause (first observed failure):\n[1]:\n  time      : " + local_time(1795327541) +
+      "\n  host      : node7\n  rank      : 1 (local_rank: 1)\n"
+      "  exitcode  : 5 (pid: 101) \n  error_file: " +
+      path +
+      "\n  traceback : Traceback (most recent call last):\n    File \"t.py\", line 1\n"
+      "  ValueError: boom\n" +
+      rule + "\n";
+  CHECK(format_failure_summary("x", {b, a}) == expected);
+  CHECK(format_failure_summary("x", {a, b}) == expected);
+  // Three: the others keep rank order around the root cause.
+  FailureRecord c = failure(2, 102, 1795327543);
+  c.exit_code = 1;
+  read_error_file("/nonexistent/error.json", &c);
+  const std::string s = format_failure_summary("x", {c, a, b});
+  const auto root = s.find("Root Cause");
+  CHECK(s.find("[0]:\n  time") < s.find("[2]:\n  time"));
+  CHECK(s.find("[2]:\n  time") < root);
+  CHECK(s.find("[1]:\n  time") > root);
+  CHECK(s.find("\n[0]:\n  time      : " + local_time(1795327542) + "\n  host      : node7\n" +
+               "  rank      : 0 (local_rank: 0)\n  exitcode  : 3 (pid: 100) \n  error_file: "
+               "<N/A>\n  traceback : To enable traceback see: "
+               "https://pytorch.org/docs/stable/elastic/errors.html\n[2]:\n") != std::string::npos);
 }
 
 TEST_CASE("worker env: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE expands as Python's Template does",

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -113,6 +114,84 @@ TEST_CASE(
   CHECK(r.output.find("restart 2/2") != std::string::npos);
   // The stopped rank 0 is not a failure.
   CHECK(count_lines_with(r.output, "exitcode  :") == 1);
+}
+
+namespace {
+
+// Whether `pid` is a zombie (exited, not reaped) or gone, within `timeout`.
+bool exited_within(int pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string pid_field, comm, state;
+    if (!(in >> pid_field >> comm >> state) || state == "Z") return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+bool file_has_within(const std::string& path, const std::string& needle,
+                     std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (file_exists(path) && read_file(path).find(needle) != std::string::npos) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ctorchrun: workers that fail on their own before the stop are all in the summary and the "
+    "stopped one is not",
+    "[multiproc]") {
+  // The job's store is a ctorch-store this test pauses: once the agent has
+  // noticed local rank 1's exit it waits on the store to publish the failure,
+  // and local rank 2 exits meanwhile, before the agent stops the workers.
+  // Local rank 0 sleeps until the stop ends it.
+  Process store({CTORCHRUN_STORE_BIN, "--host", "127.0.0.1", "--port", "0"});
+  const int port = wait_for_listening_port(store, 20s);
+  REQUIRE(port > 0);
+  TempDir d;
+  const std::string wait_for = "i=0; while [ ! -e " + d.path +
+                               "/$1 ] && [ $i -lt 3000 ]; do "
+                               "sleep 0.01; i=$((i + 1)); done";
+  auto agent = start_ctorchrun(concat(
+      {"--nnodes=1", "--nproc_per_node=3", "--max_restarts=0", "--rdzv_backend=c10d",
+       "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=together",
+       "--events_file=" + d.file("events.json")},
+      sh("wait_for() { " + wait_for + "; }; echo $$ > " + d.path + "/pid_$LOCAL_RANK.tmp; mv " +
+         d.path + "/pid_$LOCAL_RANK.tmp " + d.path +
+         "/pid_$LOCAL_RANK; case $LOCAL_RANK in 0) exec sleep 30;; 1) wait_for go1; exit 5;; "
+         "*) wait_for go2; exit 3;; esac")));
+  for (int lr = 0; lr < 3; ++lr) REQUIRE(wait_for_file(d.file("pid_" + std::to_string(lr)), 20s));
+  const int pid1 = std::stoi(read_file(d.file("pid_1")));
+  const int pid2 = std::stoi(read_file(d.file("pid_2")));
+  store.signal(SIGSTOP);
+  std::ofstream(d.file("go1")).close();
+  CHECK(exited_within(pid1, 10s));
+  // The agent noticed it (and now waits on the store), then rank 2 fails.
+  CHECK(file_has_within(d.file("events.json"), "worker_exited", 10s));
+  std::ofstream(d.file("go2")).close();
+  CHECK(exited_within(pid2, 10s));
+  store.signal(SIGCONT);
+  const int rc = agent->exit_code(60s);
+  const std::string out = agent->read_all(1s);
+  INFO(out);
+  CHECK(rc == 1);
+  CHECK(count_lines_with(out, "exitcode  :") == 2);
+  const auto root = out.find("Root Cause (first observed failure):");
+  REQUIRE(root != std::string::npos);
+  // Numbered in rank order; the first to fail is the root cause.
+  CHECK(out.find("[1]:\n", out.find("Failures:")) < root);
+  CHECK(out.find("rank      : 2 (local_rank: 2)\n  exitcode  : 3 (pid: " + std::to_string(pid2) +
+                 ") \n") < root);
+  CHECK(out.find("[0]:\n", root) != std::string::npos);
+  CHECK(out.find(
+            "rank      : 1 (local_rank: 1)\n  exitcode  : 5 (pid: " + std::to_string(pid1) + ") \n",
+            root) != std::string::npos);
+  CHECK(out.find("local_rank: 0)") == std::string::npos);
 }
 
 TEST_CASE("ctorchrun: a worker that fails once is restarted and the job succeeds", "[multiproc]") {
