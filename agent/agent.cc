@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "agent/failure_summary.h"
@@ -32,6 +33,7 @@
 #include "rendezvous/c10d_handler.h"
 #include "rendezvous/static_handler.h"
 #include "worker/console.h"
+#include "worker/procfs.h"
 #include "worker/torch_probe.h"
 
 namespace ctorchrun::agent {
@@ -246,6 +248,9 @@ class ElasticAgent::Impl {
   void make_run_dir();
   std::vector<worker::WorkerSpec> worker_specs(int attempt);
   WatchResult watch(int attempt, std::vector<FailureRecord>* local_failures);
+  // A worker (not in `exited`) in D state for the uninterruptible-state
+  // timeout, as a failure record; nullopt otherwise (or with the check off).
+  std::optional<FailureRecord> uninterruptible_worker(int attempt, const std::set<pid_t>& exited);
   FailureRecord record_of(const worker::WorkerExit& e, int attempt) const;
   FailureRecord publish_failure(int attempt, const std::vector<FailureRecord>& local);
   // Returns the exits stop() returned (worker::Launcher::stop).
@@ -313,8 +318,11 @@ class ElasticAgent::Impl {
 
   rendezvous::RendezvousInfo info_;
   std::unique_ptr<JobMonitor> monitor_;
-  std::unique_ptr<HangDetector> hang_;                // with --hang_timeout only
-  std::vector<pid_t> pids_;                           // of the workers started last, by local rank
+  std::unique_ptr<HangDetector> hang_;  // with --hang_timeout only
+  std::vector<pid_t> pids_;             // of the workers started last, by local rank
+  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: since when each worker has
+  // been seen in D state, without a break (by pid).
+  std::map<pid_t, Clock::time_point> d_state_since_;
   std::chrono::milliseconds monitor_window_{15'000};  // dead after this long silent
   int base_rank_ = 0;
   int world_size_ = 0;
@@ -515,15 +523,63 @@ FailureRecord ElasticAgent::Impl::record_of(const worker::WorkerExit& e, int att
   return f;
 }
 
+std::optional<FailureRecord> ElasticAgent::Impl::uninterruptible_worker(
+    int attempt, const std::set<pid_t>& exited) {
+  const auto timeout = c_.uninterruptible_state_timeout;
+  if (timeout.count() <= 0) return std::nullopt;
+  const auto now = Clock::now();
+  for (size_t lr = 0; lr < pids_.size(); ++lr) {
+    const pid_t pid = pids_[lr];
+    const auto stat = exited.count(pid) ? std::nullopt : worker::read_stat(pid, c_.proc_root);
+    if (!stat || stat->state != 'D') {
+      d_state_since_.erase(pid);
+      continue;
+    }
+    auto [since, first] = d_state_since_.emplace(pid, now);
+    if (first) {
+      log_->warn(
+          "worker local_rank={} pid={} is in uninterruptible sleep (D state); the job fails "
+          "if it stays there {} ms",
+          lr, pid, timeout.count());
+    }
+    if (now - since->second < timeout) continue;
+    const auto held = std::chrono::duration_cast<std::chrono::milliseconds>(now - since->second);
+    worker::WorkerExit e;
+    e.local_rank = static_cast<int>(lr);
+    e.pid = pid;
+    e.time = std::chrono::system_clock::now();
+    FailureRecord f = record_of(e, attempt);
+    f.uninterruptible = true;
+    f.message = "worker pid " + std::to_string(pid) +
+                " stayed in uninterruptible sleep (D state) " +
+                std::to_string(held.count() / 1000.0).substr(0, 5) +
+                " s (TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=" +
+                std::to_string(timeout.count() / 1000.0).substr(0, 5) +
+                " s): it holds a kernel resource a fresh worker would contend for, so no "
+                "restart follows";
+    return f;
+  }
+  return std::nullopt;
+}
+
 ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
     int attempt, std::vector<FailureRecord>* local_failures) {
   size_t succeeded = 0;
+  std::set<pid_t> exited;  // of this attempt's workers
+  d_state_since_.clear();
+  // The D-state check (when on) looks a few times per timeout, at least 10 Hz.
+  const auto slice =
+      c_.uninterruptible_state_timeout.count() > 0
+          ? std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
+                           c_.uninterruptible_state_timeout / 10),
+                       std::chrono::milliseconds(100), std::chrono::milliseconds(1000))
+          : std::chrono::milliseconds(1000);
   // Set when a worker died by what may be the scheduler's signal: until then
   // the agent's own copy may still come (agent/scheduler_stop.h).
   std::optional<Clock::time_point> scheduler_grace;
   for (;;) {
-    auto exits = launcher_.wait(scheduler_grace ? std::min(*scheduler_grace, Clock::now() + 1s)
-                                                : Clock::now() + 1s);
+    auto exits = launcher_.wait(scheduler_grace ? std::min(*scheduler_grace, Clock::now() + slice)
+                                                : Clock::now() + slice);
     // /healthz's last_progress, from the stall detection when it runs.
     if (hang_) {
       if (auto t = hang_->last_progress()) health_->set_last_progress(*t);
@@ -537,6 +593,7 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
         fields["exit_code"] = e.exit_code;
       }
       events_.emit("worker_exited", attempt, fields);
+      exited.insert(e.pid);
       if (e.failed()) {
         if (!scheduler_grace && may_be_scheduler_stop(c_, e)) {
           scheduler_grace = Clock::now() + kSchedulerSignalGrace;
@@ -554,6 +611,10 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
       return WatchResult::kLocalFailure;
     }
     if (pending_signal_) return WatchResult::kSignal;
+    if (auto stuck = uninterruptible_worker(attempt, exited)) {
+      local_failures->push_back(*stuck);
+      return WatchResult::kLocalFailure;
+    }
     check_monitor();
     if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
     if ((change_ = round_change(attempt))) return WatchResult::kReform;
@@ -1394,8 +1455,8 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
   const bool here = root.node_rank == info_.group_rank;
   for (const auto& e : stop_workers(SIGTERM, k)) {
     if (e.before_stop && e.failed()) local.push_back(record_of(e, k));
-    // A hang's exit fields: how its stalled worker then ended.
-    if (root.hang && here && e.pid == root.pid) {
+    // A hang's (or a D-state verdict's) exit fields: how its worker then ended.
+    if ((root.hang || root.uninterruptible) && here && e.pid == root.pid) {
       root.signaled = e.signaled;
       root.signal = e.signal;
       root.exit_code = e.exit_code;
@@ -1405,7 +1466,9 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
     leave(true);
     return finish(signal_exit_code(c_, sig), signal_stop_message(c_, sig));
   }
-  const RestartBudget::Verdict verdict = budget_.on_failure();
+  RestartBudget::Verdict verdict = budget_.on_failure();
+  // As torch main's agent: a worker wedged in the kernel leaves no restart.
+  if (root.uninterruptible) verdict.final = true;
   // Throws RoundGivesWay when a loss may explain the failure.
   if (verdict.await_loss) await_loss(k);
   sync_after_stop(k, verdict.final);
@@ -1450,7 +1513,9 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
   }
   RunResult r = finish(kFailed, msg);
   if (here) {
-    r.failures = local.empty() || root.hang ? std::vector<FailureRecord>{root} : local;
+    r.failures = local.empty() || root.hang || root.uninterruptible
+                     ? std::vector<FailureRecord>{root}
+                     : local;
   }
   return r;
 }

@@ -105,6 +105,7 @@ std::string torch_signal_name(int sig) {
 
 std::string FailureRecord::cause() const {
   if (hang) return "hang";
+  if (uninterruptible) return "uninterruptible sleep (D state)";
   if (signaled) return "signal " + std::to_string(signal) + " (" + signal_name(signal) + ")";
   return "exit code " + std::to_string(exit_code);
 }
@@ -123,7 +124,8 @@ std::string FailureRecord::to_json() const {
                       {"error_file", error_file},
                       {"message", message},
                       {"attempt", attempt},
-                      {"hang", hang}};
+                      {"hang", hang},
+                      {"uninterruptible", uninterruptible}};
   return json_text::dump_record(j);
 }
 
@@ -206,6 +208,7 @@ FailureRecord FailureRecord::from_json(const std::string& json) {
   f.message = string_field(j, "message", what);
   f.attempt = int32_field(j, "attempt", 0, what);
   f.hang = bool_field(j, "hang", what);
+  f.uninterruptible = bool_field(j, "uninterruptible", what);
   return f;
 }
 

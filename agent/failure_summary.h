@@ -30,10 +30,14 @@ struct FailureRecord {
   // progressed for the timeout; `rank` stalled first. Its cause is "hang",
   // whatever signal then stopped the workers (the exit fields, once known).
   bool hang = false;
+  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT's verdict (torch main): the
+  // worker stayed in uninterruptible sleep (D state) that long, holding a
+  // kernel resource a fresh worker would fight for: no restart follows.
+  bool uninterruptible = false;
 
   // torchrun's "exitcode" column: the code, or minus the signal.
   int torch_exitcode() const { return signaled ? -signal : exit_code; }
-  // "exit code 3", "signal 11 (SIGSEGV)" or "hang".
+  // "exit code 3", "signal 11 (SIGSEGV)", "hang" or "uninterruptible sleep".
   std::string cause() const;
   std::string to_json() const;
   // Parses a record another node wrote. Throws ProtocolError naming the key

@@ -122,6 +122,10 @@ struct LaunchConfig {
   // filtered_stderr.log too (worker::WorkerSpec).
   std::vector<std::string> duplicate_stdout_filters;
   std::vector<std::string> duplicate_stderr_filters;
+  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (torch main): a worker in
+  // uninterruptible sleep (D state, /proc/<pid>/stat) this long fails the job
+  // with no restart; 0 (unset, not positive, unreadable) is off.
+  std::chrono::milliseconds uninterruptible_state_timeout{0};
   // --status_host: the address the agent's HTTP endpoints bind
   // (TORCHELASTIC_HEALTH_CHECK_PORT's server); 0.0.0.0 so that a Kubernetes
   // probe reaches the pod's address.

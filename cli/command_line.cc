@@ -478,11 +478,30 @@ void set_rendezvous(const ParsedOptions& o, const SlurmFill& slurm, ParseOutcome
   c.status_host = o.at("status_host").text;
 }
 
+// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, read as torch main reads it:
+// seconds; unset, not positive or not a number is off (the last with a
+// warning, where torch is silent).
+std::chrono::milliseconds uninterruptible_state_timeout(
+    const std::map<std::string, std::string>& env, std::vector<std::string>* warnings) {
+  const std::string text = getenv_or(env, "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "");
+  if (text.empty()) return std::chrono::milliseconds(0);
+  double seconds = 0;
+  if (parse_seconds(text, 0, false, kMaxSeconds, &seconds)) return seconds_to_ms(seconds);
+  double negative = 0;
+  if (!parse_seconds(text.substr(text[0] == '-' ? 1 : 0), 0, false, kMaxSeconds, &negative)) {
+    warnings->push_back("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT='" + text +
+                        "' is not seconds; the uninterruptible-state check is off");
+  }
+  return std::chrono::milliseconds(0);
+}
+
 // Timeouts and the signals forwarded to the workers.
-void set_stopping(const ParsedOptions& o, agent::LaunchConfig* c) {
+void set_stopping(const ParsedOptions& o, const std::map<std::string, std::string>& env,
+                  std::vector<std::string>* warnings, agent::LaunchConfig* c) {
   c->shutdown_timeout = seconds_to_ms(o.at("shutdown_timeout").seconds);
   c->exit_barrier_timeout = seconds_to_ms(o.at("exit_barrier_timeout").seconds);
   c->hang_timeout = seconds_to_ms(o.at("hang_timeout").seconds);
+  c->uninterruptible_state_timeout = uninterruptible_state_timeout(env, warnings);
   c->signals_to_handle.clear();
   for (std::string item : split(o.at("signals_to_handle").text, ',')) {
     item.erase(std::remove_if(item.begin(), item.end(), ::isspace), item.end());
@@ -652,7 +671,7 @@ ParseOutcome parse_command_line(int argc, const char* const* argv,
     set_membership(o, env, slurm, &out.config);
     set_node_features(o, env, &out.config);
     set_rendezvous(o, slurm, &out);
-    set_stopping(o, &out.config);
+    set_stopping(o, env, &out.warnings, &out.config);
     set_output(o, env, &out.config);
     set_program(o, env, &out);
   } catch (const UsageError& e) {

@@ -570,3 +570,19 @@ TEST_CASE("command line: --run_path runs the script through runpy, before --modu
           std::vector<std::string>{"/abs/s.py", "a"});
   }
 }
+
+TEST_CASE(
+    "command line: TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT is seconds, off unless positive",
+    "[unit]") {
+  using std::chrono::milliseconds;
+  auto timeout = [](const std::string& v) {
+    auto r = parse({"s.py"}, {{"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", v}});
+    REQUIRE(r.kind == ParseOutcome::Kind::kRun);
+    return std::pair{r.config.uninterruptible_state_timeout, r.warnings.size()};
+  };
+  CHECK(parse({"s.py"}).config.uninterruptible_state_timeout == milliseconds(0));
+  CHECK(timeout("2.5") == std::pair{milliseconds(2500), size_t{0}});
+  CHECK(timeout("0") == std::pair{milliseconds(0), size_t{0}});
+  CHECK(timeout("-3") == std::pair{milliseconds(0), size_t{0}});    // torch: off, silently
+  CHECK(timeout("soon") == std::pair{milliseconds(0), size_t{1}});  // off, and we say so
+}

@@ -19,6 +19,8 @@
 //   --stderr-lines N      likewise "err <rank> <i> ..." to stderr (unbuffered)
 //   --grandchild PATH     fork a child that stays in this process group,
 //                         writes its pid to PATH and sleeps 120 s
+//   --vfork-sleep-ms N    vfork a child that sleeps N ms and exits: meanwhile
+//                         this process is in uninterruptible sleep (state D)
 //   --                    the rest are plain arguments (for --info-json's argv)
 //
 // Every sleep is bounded, so a test that fails never leaves a process behind
@@ -29,6 +31,8 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -148,6 +152,22 @@ void sleep_ms(long ms) { std::this_thread::sleep_for(std::chrono::milliseconds(m
 
 }  // namespace
 
+// Blocks in vfork() (state D) while the child sleeps `ms`; in a function of
+// its own, so that nothing of main's lives across the vfork.
+__attribute__((noinline)) void vfork_sleep(long ms) {
+  std::fflush(nullptr);
+  const timespec t{ms / 1000, (ms % 1000) * 1'000'000};
+  // The vfork child only makes system calls, as a vfork child may.
+  pid_t pid = ::vfork();
+  if (pid == 0) {
+    ::nanosleep(&t, nullptr);
+    ::_exit(0);
+  }
+  if (pid < 0) usage("vfork failed");
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+}
+
 int main(int argc, char** argv) {
   int exit_code = 0;
   long line_bytes = 100;
@@ -205,6 +225,8 @@ int main(int argc, char** argv) {
       for (long k = 0; k < n; ++k) {
         std::fprintf(stderr, "%s\n", line_of("err", rank, k, line_bytes).c_str());
       }
+    } else if (flag == "--vfork-sleep-ms") {
+      vfork_sleep(number());
     } else if (flag == "--grandchild") {
       std::string path = value();
       std::fflush(nullptr);

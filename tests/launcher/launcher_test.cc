@@ -629,3 +629,32 @@ TEST_CASE(
   std::sort(errors.begin(), errors.end());
   CHECK(errors == std::vector<std::string>{"[default0]:boom 0", "[default1]:boom 1"});
 }
+
+TEST_CASE(
+    "ctorchrun: a worker in uninterruptible sleep past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT "
+    "fails the job with no restart, as torch main's agent does",
+    "[multiproc]") {
+  TempDir d;
+  // Local rank 0 blocks in vfork (state D) for 20 s; the others sleep.
+  const std::string body = std::string("if [ $LOCAL_RANK = 0 ]; then exec ") + FAKE_WORKER +
+                           " --vfork-sleep-ms 20000; fi; sleep 20";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_ctorchrun(concat({"--nproc_per_node=2", "--max_restarts=3", "--shutdown_timeout=1",
+                                 "--events_file=" + d.file("events")},
+                                sh(body)),
+                         {{"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "1"}});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("uninterruptible sleep (D state)") != std::string::npos);
+  CHECK(r.output.find("rank      : 0 (local_rank: 0)") != std::string::npos);
+  CHECK(read_file(d.file("events")).find("\"event\":\"restart\"") == std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 18s);  // bounded: not the 20 s sleep
+  // Unset, zero or negative: off, and the job waits for the worker.
+  for (const std::string off : {"0", "-5"}) {
+    r = run_ctorchrun(
+        concat({"--nproc_per_node=1"}, {"--no_python", FAKE_WORKER, "--vfork-sleep-ms", "1500"}),
+        {{"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", off}});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+  }
+}
