@@ -30,10 +30,10 @@
 #include "common/exit_codes.h"
 #include "common/json_text.h"
 #include "common/log.h"
+#include "common/procfs.h"
 #include "rendezvous/c10d_handler.h"
 #include "rendezvous/static_handler.h"
 #include "worker/console.h"
-#include "worker/procfs.h"
 #include "worker/torch_probe.h"
 
 namespace ctorchrun::agent {
@@ -530,7 +530,7 @@ std::optional<FailureRecord> ElasticAgent::Impl::uninterruptible_worker(
   const auto now = Clock::now();
   for (size_t lr = 0; lr < pids_.size(); ++lr) {
     const pid_t pid = pids_[lr];
-    const auto stat = exited.count(pid) ? std::nullopt : worker::read_stat(pid, c_.proc_root);
+    const auto stat = exited.count(pid) ? std::nullopt : procfs::read_stat(pid, c_.proc_root);
     if (!stat || stat->state != 'D') {
       d_state_since_.erase(pid);
       continue;

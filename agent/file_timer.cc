@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/procfs.h"
 #include "worker/launcher.h"
 
 namespace ctorchrun::agent {
@@ -63,49 +64,6 @@ std::optional<int64_t> integer_in(const nlohmann::json& j, int64_t lo, int64_t h
     return v < lo || v > hi ? std::nullopt : std::optional<int64_t>(v);
   }
   return std::nullopt;
-}
-
-struct ProcStat {
-  pid_t ppid = 0;
-  pid_t session = 0;
-};
-
-// Fields 4 and 6 of /proc/<pid>/stat. The command name (field 2) may hold
-// spaces and parentheses: the fields after it start after its last ')'.
-std::optional<ProcStat> read_stat(const std::string& proc_root, pid_t pid) {
-  std::ifstream in(proc_root + "/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!in || !std::getline(in, text)) return std::nullopt;
-  const auto close = text.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
-  char state = 0;
-  long ppid = 0, pgrp = 0, session = 0;
-  if (std::sscanf(text.c_str() + close + 1, " %c %ld %ld %ld", &state, &ppid, &pgrp, &session) !=
-      4) {
-    return std::nullopt;
-  }
-  return ProcStat{static_cast<pid_t>(ppid), static_cast<pid_t>(session)};
-}
-
-int pidfd_open(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  errno = ENOSYS;
-  return -1;
-#endif
-}
-
-int pidfd_send_signal(int fd, int sig) {
-#ifdef SYS_pidfd_send_signal
-  return static_cast<int>(::syscall(SYS_pidfd_send_signal, fd, sig, nullptr, 0));
-#else
-  (void)fd;
-  (void)sig;
-  errno = ENOSYS;
-  return -1;
-#endif
 }
 
 std::string uuid4() {
@@ -293,13 +251,13 @@ bool in_process_tree(pid_t pid, const std::vector<pid_t>& roots, const std::stri
   if (pid <= 1 || roots.empty()) return false;
   auto is_root = [&](pid_t p) { return std::find(roots.begin(), roots.end(), p) != roots.end(); };
   if (is_root(pid)) return true;
-  auto st = read_stat(proc_root, pid);
+  auto st = procfs::read_stat(pid, proc_root);
   if (!st) return false;
   if (is_root(st->session)) return true;
   pid_t p = st->ppid;
   for (int depth = 0; depth < 64 && p > 1; ++depth) {
     if (is_root(p)) return true;
-    auto up = read_stat(proc_root, p);
+    auto up = procfs::read_stat(p, proc_root);
     if (!up) return false;
     p = up->ppid;
   }
@@ -338,7 +296,7 @@ ProcessAccess::SignalResult WorkerProcesses::signal_if_permitted(pid_t pid, int 
                                                                  std::string* error) {
   if (pid <= 1) return SignalResult::kNotPermitted;
   // The pidfd pins the process: checked and signalled are the same one.
-  const int fd = pidfd_open(pid);
+  const int fd = procfs::pidfd_open(pid);
   if (fd < 0 && errno == ESRCH) return SignalResult::kGone;
   const bool pinned = fd >= 0;
   if (!permitted(pid)) {
@@ -346,7 +304,7 @@ ProcessAccess::SignalResult WorkerProcesses::signal_if_permitted(pid_t pid, int 
     std::lock_guard<std::mutex> lock(mutex_);
     return starting_ ? SignalResult::kNotYet : SignalResult::kNotPermitted;
   }
-  const int rc = pinned ? pidfd_send_signal(fd, sig) : ::kill(pid, sig);
+  const int rc = pinned ? procfs::pidfd_send_signal(fd, sig) : ::kill(pid, sig);
   const int err = errno;
   if (pinned) ::close(fd);
   if (rc == 0) return SignalResult::kSent;

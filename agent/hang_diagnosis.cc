@@ -18,6 +18,7 @@
 
 #include "common/json_text.h"
 #include "common/log.h"
+#include "common/procfs.h"
 
 extern char** environ;
 
@@ -43,11 +44,7 @@ std::streamoff file_size(const std::string& path) {
 }
 
 // Alive and not a zombie (a worker's zombie stays until the launcher's stop()).
-bool running(pid_t pid) {
-  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-  auto close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
-}
+bool running(pid_t pid) { return procfs::running(pid); }
 
 bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
 

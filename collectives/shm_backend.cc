@@ -37,6 +37,7 @@
 #include "collectives/reduce_kernels.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/procfs.h"
 
 namespace ctorchrun::dist {
 namespace {
@@ -605,7 +606,7 @@ class ShmBackend : public Backend {
     for (int r = 0; r < size_; ++r) {
       const int pid = mapping_->pids[static_cast<size_t>(r)];
       int fd = -1;
-      if (pid != ::getpid()) fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+      if (pid != ::getpid()) fd = procfs::pidfd_open(pid);
       pidfds_.push_back(fd);
     }
   }

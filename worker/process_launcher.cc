@@ -74,6 +74,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/procfs.h"
 #include "worker/console.h"
 #include "worker/executable.h"
 #include "worker/launcher.h"
@@ -122,20 +123,6 @@ void own(pid_t pid, bool owned) {
   } else {
     g_owned.erase(pid);
   }
-}
-
-// Session id and state of `pid` from /proc/<pid>/stat; false if gone.
-bool read_stat(pid_t pid, pid_t* sid, char* state) {
-  const std::string text = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
-  auto close = text.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream rest(text.substr(close + 1));
-  long ppid = 0;
-  long pgrp = 0;
-  long session = 0;
-  if (!(rest >> *state >> ppid >> pgrp >> session)) return false;
-  *sid = static_cast<pid_t>(session);
-  return true;
 }
 
 // The children of this process, from /proc/self/task/*/children; false when
@@ -983,9 +970,8 @@ size_t ProcessLauncher::handle_escapees(int sig) {
       std::lock_guard<std::mutex> lock(g_owned_mutex);
       if (g_owned.count(pid) > 0) continue;
     }
-    pid_t sid = 0;
-    char state = '?';
-    if (!read_stat(pid, &sid, &state) || sid == agent_sid_) continue;
+    const auto stat = procfs::read_stat(pid);
+    if (!stat || stat->session == agent_sid_) continue;
     int status = 0;
     if (::waitpid(pid, &status, WNOHANG) == pid) {
       log_->debug("reaped an escaped descendant of the workers pid={}", pid);

@@ -7,6 +7,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/procfs.h"
+
 namespace ctorchrun::worker {
 
 namespace fs = std::filesystem;
@@ -40,20 +42,9 @@ std::vector<pid_t> children_of(pid_t pid, const std::string& proc) {
 }  // namespace
 
 uint64_t stat_ticks(const std::string& line, bool children) {
-  const auto close = line.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream in(line.substr(close + 1));
-  // The fields after the command name start at field 3 (the state).
-  std::string field;
-  uint64_t values[4] = {0, 0, 0, 0};
-  for (int f = 3; f <= 17 && (in >> field); ++f) {
-    if (f < 14) continue;
-    char* end = nullptr;
-    unsigned long long v = std::strtoull(field.c_str(), &end, 10);
-    if (end == field.c_str() || *end != '\0') return 0;
-    values[f - 14] = v;
-  }
-  return children ? values[2] + values[3] : values[0] + values[1];
+  const auto s = procfs::parse_stat(line);
+  if (!s) return 0;
+  return children ? s->cutime + s->cstime : s->utime + s->stime;
 }
 
 uint64_t io_chars(const std::string& text) {
@@ -73,9 +64,8 @@ ProgressSample sample_progress(pid_t pid, const std::vector<std::string>& output
   const std::string stat = read_all(dir + "/stat");
   // A zombie (exited, not reaped yet) is no progress either way: its exit
   // is the launcher's news, not ours.
-  const auto close = stat.rfind(')');
-  s.alive = !stat.empty() && close != std::string::npos && close + 2 < stat.size() &&
-            stat[close + 2] != 'Z';
+  const auto parsed = procfs::parse_stat(stat);
+  s.alive = parsed && parsed->state != 'Z' && parsed->state != 'X';
   if (!s.alive) return s;
   s.main_thread_ticks = stat_ticks(read_all(dir + "/task/" + std::to_string(pid) + "/stat"));
   s.reaped_child_ticks = stat_ticks(stat, true);

@@ -1,6 +1,6 @@
-// worker/procfs.h: /proc/<pid>/stat read totally.
+// common/procfs.h: /proc/<pid>/stat read totally.
 
-#include "worker/procfs.h"
+#include "common/procfs.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 
 #include "tests/support/process.h"
 
-using namespace ctorchrun::worker;
+using namespace ctorchrun::procfs;
 using namespace std::chrono_literals;
 
 TEST_CASE("procfs: stat's fields after a command name with spaces and parentheses", "[unit]") {
@@ -27,8 +27,15 @@ TEST_CASE("procfs: stat's fields after a command name with spaces and parenthese
   CHECK(s->utime == 57);
   CHECK(s->stime == 31);
   CHECK(s->starttime == 98765);
+  // A line that ends after cstime has no starttime (0).
+  auto short_line = parse_stat("42 (a) b) S 1 1 1 0 -1 0 0 0 0 0 7 5 3 2 20");
+  REQUIRE(short_line);
+  CHECK(short_line->utime + short_line->stime == 12);
+  CHECK(short_line->cutime + short_line->cstime == 5);
+  CHECK(short_line->starttime == 0);
   for (const std::string bad : {"", "12 (x", "12 (x) ", "12 (x) DD 1 2 3", "12 (x) R 1 2",
-                                "12 (x) R a 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19"}) {
+                                "12 (x) R a 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19",
+                                "42 (x) S 1 1 1 0 -1 0 0 0 0 0 x 5 3 2"}) {
     INFO(bad);
     CHECK_FALSE(parse_stat(bad));
   }
@@ -36,7 +43,7 @@ TEST_CASE("procfs: stat's fields after a command name with spaces and parenthese
 
 TEST_CASE("procfs: a process blocked in vfork reads as D, then gone", "[multiproc]") {
   ctorchrun::testing::Process p({FAKE_WORKER, "--vfork-sleep-ms", "1500"});
-  std::optional<ProcStat> s;
+  std::optional<Stat> s;
   for (int i = 0; i < 100; ++i) {  // up to 1 s for the vfork to begin
     s = read_stat(p.pid());
     if (s && s->state == 'D') break;
@@ -47,5 +54,7 @@ TEST_CASE("procfs: a process blocked in vfork reads as D, then gone", "[multipro
   CHECK(s->ppid == ::getpid());
   CHECK(p.exit_code(10s) == 0);
   CHECK_FALSE(read_stat(p.pid()));
+  CHECK_FALSE(running(p.pid()));
   CHECK(read_stat(::getpid())->state == 'R');
+  CHECK(running(::getpid()));
 }
