@@ -31,6 +31,7 @@
 #include "common/json_text.h"
 #include "common/log.h"
 #include "common/procfs.h"
+#include "common/shm_segments.h"
 #include "rendezvous/c10d_handler.h"
 #include "rendezvous/static_handler.h"
 #include "worker/console.h"
@@ -666,6 +667,15 @@ std::vector<worker::WorkerExit> ElasticAgent::Impl::stop_workers(int sig, int at
     log_->debug("stopped {} workers in {}ms", stopped.size(), ms);
     events_.emit("workers_stopped", attempt,
                  {{"signal", signal_name(sig)}, {"count", stopped.size()}});
+  }
+  // libctorch_dist's segments that a worker created and did not live to
+  // unlink (rank 0 killed between the two): its name carries its creator's
+  // pid, so only this attempt's workers' go (common/shm_segments.h).
+  auto dir_setting = c_.environment.find("CTORCHRUN_DIST_SHM_DIR");
+  const std::string shm_dir = shm_segments::folder(
+      dir_setting == c_.environment.end() ? std::string() : dir_setting->second);
+  if (int n = shm_segments::remove_created_by(pids_, shm_dir); n > 0) {
+    log_->info("removed {} shared-memory segment(s) the stopped workers left in {}", n, shm_dir);
   }
   std::lock_guard<std::mutex> lock(phase_mutex_);
   workers_running_ = false;

@@ -38,6 +38,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/procfs.h"
+#include "common/shm_segments.h"
 
 namespace ctorchrun::dist {
 namespace {
@@ -45,8 +46,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr const char* kNamePrefix = "ctdist.";
-constexpr uint32_t kMagic = 0x4d485343;  // "CSHM"
+constexpr const char* kNamePrefix = shm_segments::kPrefix;  // the agent removes them too
+constexpr uint32_t kMagic = 0x4d485343;                     // "CSHM"
 constexpr size_t kPage = 4096;
 // 1 MiB: a rank's share of a chunk and its reduction stay in a core's L2
 // (2.2-2.7x the busbw of 4 MiB chunks from 2 to 16 MiB at two ranks on the
@@ -213,17 +214,8 @@ std::string first_line(const std::string& path) {
   return line;
 }
 
-// "4026531836" of "pid:[4026531836]": pids mean the same only within it.
-std::string pid_namespace() {
-  char link[64] = {};
-  const ssize_t n = ::readlink("/proc/self/ns/pid", link, sizeof link - 1);
-  std::string text = n > 0 ? std::string(link, static_cast<size_t>(n)) : "unknown";
-  std::string digits;
-  for (char c : text) {
-    if (c >= '0' && c <= '9') digits += c;
-  }
-  return digits.empty() ? "0" : digits;
-}
+// Pids mean the same only within their namespace (common/shm_segments.h).
+std::string pid_namespace() { return shm_segments::pid_namespace(); }
 
 // Equal on two ranks when they can share a segment and each other's pids.
 std::string host_identity(const std::string& dir) {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "agent/worker_env.h"
+#include "common/shm_segments.h"
 #include "tests/launcher/launcher_support.h"
 #include "worker/numa_binding.h"
 
@@ -657,4 +658,30 @@ TEST_CASE(
     INFO(r.output);
     CHECK(r.exit_code == 0);
   }
+}
+
+TEST_CASE(
+    "ctorchrun: a shared-memory segment a failed worker created and never unlinked is removed, "
+    "and no other process's",
+    "[multiproc]") {
+  TempDir shm;
+  // The worker leaves a segment named as libctorch_dist names its own
+  // (ctdist.<pid namespace>.<pid>.<...>), then fails; another process's
+  // (this test's pid) must stay.
+  const std::string ns = ctorchrun::shm_segments::pid_namespace();
+  const std::string other = shm.file(ctorchrun::shm_segments::prefix_of(::getpid()) + "job.x");
+  std::ofstream(other) << "x";
+  auto r = run_ctorchrun(concat({"--nproc_per_node=1"}, sh("echo x > " + shm.path + "/ctdist." +
+                                                           ns + ".$$.job.group.0001; exit 3")),
+                         {{"CTORCHRUN_DIST_SHM_DIR", shm.path}});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  int left = 0;
+  for (const auto& e : std::filesystem::directory_iterator(shm.path)) {
+    INFO(e.path());
+    CHECK(e.path().string() == other);
+    ++left;
+  }
+  CHECK(left == 1);
+  CHECK(r.output.find("removed 1 shared-memory segment(s)") != std::string::npos);
 }
