@@ -249,6 +249,8 @@ class ElasticAgent::Impl {
   void make_run_dir();
   std::vector<worker::WorkerSpec> worker_specs(int attempt);
   WatchResult watch(int attempt, std::vector<FailureRecord>* local_failures);
+  // kJobBroken, with broken_cause_ decided now.
+  WatchResult job_broken();
   // A worker (not in `exited`) in D state for the uninterruptible-state
   // timeout, as a failure record; nullopt otherwise (or with the check off).
   std::optional<FailureRecord> uninterruptible_worker(int attempt, const std::set<pid_t>& exited);
@@ -269,6 +271,9 @@ class ElasticAgent::Impl {
   // The other nodes in neither `a` nor `b`.
   std::vector<int> others_except(const std::vector<int>& a, const std::vector<int>& b) const;
   void check_job_alive(const char* what);
+  // What ends the job now (the store lost, a node dead or departed), as the
+  // JobEnd check_job_alive throws; nullopt when nothing does.
+  std::optional<JobEnd> job_end_cause(const char* what);
   // Ends the job when the monitor met a record it cannot read (exit 3) or a
   // bug of ours (InternalError, exit 70).
   void check_monitor() const;
@@ -324,6 +329,9 @@ class ElasticAgent::Impl {
   // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: since when each worker has
   // been seen in D state, without a break (by pid).
   std::map<pid_t, Clock::time_point> d_state_since_;
+  // Why watch() found the job broken, decided then: settle() ends the job
+  // with it even when the node that went silent answers again meanwhile.
+  std::optional<JobEnd> broken_cause_;
   std::chrono::milliseconds monitor_window_{15'000};  // dead after this long silent
   int base_rank_ = 0;
   int world_size_ = 0;
@@ -563,6 +571,14 @@ std::optional<FailureRecord> ElasticAgent::Impl::uninterruptible_worker(
   return std::nullopt;
 }
 
+ElasticAgent::Impl::WatchResult ElasticAgent::Impl::job_broken() {
+  broken_cause_ = job_end_cause("running workers");
+  if (!broken_cause_) {  // the monitor's view changed between the two reads
+    broken_cause_ = JobEnd{kRendezvous, "the job lost a node while running workers"};
+  }
+  return WatchResult::kJobBroken;
+}
+
 ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
     int attempt, std::vector<FailureRecord>* local_failures) {
   size_t succeeded = 0;
@@ -619,11 +635,11 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
     check_monitor();
     if (monitor_->failure(attempt)) return WatchResult::kRemoteFailure;
     if ((change_ = round_change(attempt))) return WatchResult::kReform;
-    if (monitor_->store_lost()) return WatchResult::kJobBroken;
+    if (monitor_->store_lost()) return job_broken();
     // Elastic: a dead or departed node re-forms the round (round_change
     // above, tried again on every pass while the store does not answer); only
     // the store's own loss ends the job.
-    if (!elastic() && !monitor_->dead_nodes().empty()) return WatchResult::kJobBroken;
+    if (!elastic() && !monitor_->dead_nodes().empty()) return job_broken();
     if (auto gone = monitor_->departed_nodes(); !elastic() && !gone.empty()) {
       // A node whose workers of this attempt succeeded may leave after its
       // exit barrier (liveness unknown too long): this node's workers go on.
@@ -631,7 +647,7 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
       if (std::any_of(gone.begin(), gone.end(), [&](int n) {
             return std::find(finished.begin(), finished.end(), n) == finished.end();
           })) {
-        return WatchResult::kJobBroken;
+        return job_broken();
       }
     }
     if (succeeded == static_cast<size_t>(c_.nproc_per_node)) return WatchResult::kSucceeded;
@@ -692,25 +708,30 @@ void ElasticAgent::Impl::check_monitor() const {
 
 void ElasticAgent::Impl::check_job_alive(const char* what) {
   check_monitor();
+  if (auto cause = job_end_cause(what)) throw *cause;
+}
+
+std::optional<JobEnd> ElasticAgent::Impl::job_end_cause(const char* what) {
   if (monitor_->store_lost()) {
     const std::string where =
         agents_store() + (info_.store_endpoint.empty() ? "" : " (its host is gone or unreachable)");
-    throw JobEnd{kRendezvous, "lost " + where + " while " + what + ": " + monitor_->store_error()};
+    return JobEnd{kRendezvous, "lost " + where + " while " + what + ": " + monitor_->store_error()};
   }
   auto dead = monitor_->dead_nodes();
   if (!dead.empty()) {
     int n = dead.front();
-    throw JobEnd{kRendezvous, "node " + std::to_string(n) + " (" + host_of(n) +
-                                  ") stopped responding while " + what +
-                                  (elastic() ? "; the round could not be re-formed without it"
-                                             : "; a static job cannot go on without it")};
+    return JobEnd{kRendezvous, "node " + std::to_string(n) + " (" + host_of(n) +
+                                   ") stopped responding while " + what +
+                                   (elastic() ? "; the round could not be re-formed without it"
+                                              : "; a static job cannot go on without it")};
   }
   auto gone = monitor_->departed_nodes();
   if (!gone.empty()) {
     int n = gone.front();
-    throw JobEnd{kRendezvous,
-                 "node " + std::to_string(n) + " (" + host_of(n) + ") left the job while " + what};
+    return JobEnd{kRendezvous,
+                  "node " + std::to_string(n) + " (" + host_of(n) + ") left the job while " + what};
   }
+  return std::nullopt;
 }
 
 std::vector<int> ElasticAgent::Impl::node_set(const std::string& key) {
@@ -1447,8 +1468,15 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
       return finish(signal_exit_code(c_, out.signal), signal_stop_message(c_, out.signal));
     case AttemptOutcome::kJobBroken:
       stop_workers(SIGTERM, k);
-      check_job_alive("running workers");  // throws JobEnd naming the cause
-      CTORCHRUN_CHECK(false, "the job ended with no cause");
+      // The cause as it stands after the workers' grace, else as watch()
+      // decided it: a node declared dead that answers again meanwhile (a
+      // frozen VM resumed) still ends the job, naming it, since every node
+      // is stopping its workers by then. A static job cannot give a node's
+      // ranks to another, so it ends (exit 3) rather than going on; an
+      // elastic one re-forms instead (a membership change, not this path).
+      check_job_alive("running workers");
+      CTORCHRUN_CHECK(broken_cause_.has_value(), "the job ended with no cause");
+      throw *broken_cause_;
     case AttemptOutcome::kReform:
       CTORCHRUN_CHECK(false, "settle() of a round that gives way");
     case AttemptOutcome::kFailed:

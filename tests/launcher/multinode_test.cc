@@ -202,3 +202,37 @@ TEST_CASE("multi-node: the store host declares a frozen node dead after the keep
   CHECK(out0.find("stopped responding") != std::string::npos);
   CHECK(process_gone_within(std::stoi(read_file(d.file("pid_0"))), 5s));
 }
+
+TEST_CASE(
+    "multi-node: a node frozen past the keep-alive window that resumes while the others stop "
+    "their workers ends the job with exit 3 naming it, never an internal error",
+    "[multiproc]") {
+  TempDir d;
+  std::string port = std::to_string(free_port());
+  // The workers take their SIGTERM grace (as scripts that checkpoint on it).
+  auto node = [&](int rank) {
+    return start_ctorchrun(
+        concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--master_port=" + port,
+                "--shutdown_timeout=20",
+                "--rdzv_conf=timeout=30,keep_alive_interval=0.2,keep_alive_max_attempt=3"},
+               sh("trap 'echo x > " + d.file("term_$RANK") + "; sleep 3; exit 0' TERM; echo $$ > " +
+                  d.file("pid_$RANK") + "; sleep 60 & wait")));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  REQUIRE(wait_for_file(d.file("pid_0"), 30s));
+  REQUIRE(wait_for_file(d.file("pid_1"), 30s));
+  n1->signal(SIGSTOP);
+  // Node 0 declares node 1 dead (0.6 s) and stops its workers (3 s of grace);
+  // node 1 answers again before that grace is over.
+  REQUIRE(wait_for_file(d.file("term_0"), 30s));
+  n1->signal(SIGCONT);
+  const int rc0 = n0->exit_code(60s), rc1 = n1->exit_code(60s);
+  const std::string out0 = n0->read_all(1s), out1 = n1->read_all(1s);
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  CHECK(rc0 == 3);
+  CHECK(out0.find("node 1 (") != std::string::npos);
+  CHECK(rc1 != 70);
+  CHECK(out0.find("internal error") == std::string::npos);
+  CHECK(out1.find("internal error") == std::string::npos);
+}
