@@ -430,6 +430,8 @@ struct Worker {
   std::vector<std::shared_ptr<OutputPump>> pumps;  // io thread only
 };
 
+struct Plumbing;
+
 class ProcessLauncher final : public Launcher {
  public:
   ProcessLauncher();
@@ -466,6 +468,10 @@ class ProcessLauncher final : public Launcher {
   void signal_attached_escapees(int sig);
   void note_truncated(const std::string& path, int error);
   std::shared_ptr<Worker> spawn(const WorkerSpec& spec);  // io thread
+  // spawn()'s parts: the vfork and exec (throws IoError naming the failed
+  // step), and the pumps of the worker's piped streams.
+  pid_t fork_exec(const WorkerSpec& spec, const std::string& exe, const Plumbing& plumbing);
+  void attach_pumps(Worker& w, const WorkerSpec& spec, Plumbing& plumbing);
   bool all_exited_locked() const {
     return std::all_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->exited; });
   }
@@ -734,14 +740,11 @@ std::string child_step_text(ChildStep step, const WorkerSpec& spec, const std::s
   return program;
 }
 
-std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
-  auto fail = [&spec](const std::string& why) {
-    return IoError("cannot start worker local_rank=" + std::to_string(spec.local_rank) + ": " +
-                   why);
-  };
-  if (spec.argv.empty()) throw fail("empty argv");
-  const std::string& program = spec.argv[0];
+using SpawnError = std::function<IoError(const std::string& why)>;
 
+// The executable `spec` runs, found as execvp would, and its working folder
+// checked: both before anything is forked.
+std::string resolve_program(const WorkerSpec& spec, const SpawnError& fail) {
   std::string search_path;
   if (auto it = spec.env.find("PATH"); it != spec.env.end()) {
     search_path = it->second;
@@ -752,7 +755,7 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   }
   std::string exe;
   try {
-    exe = detail::find_executable(program, search_path, spec.cwd);
+    exe = detail::find_executable(spec.argv[0], search_path, spec.cwd);
   } catch (const IoError& e) {
     throw fail(e.what());
   }
@@ -763,17 +766,41 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     }
     if (!S_ISDIR(st.st_mode)) throw fail("working directory " + spec.cwd + ": Not a directory");
   }
+  return exe;
+}
 
-  // Output plumbing. Every stream that goes to a file comes through a pipe
-  // read here: teed ones also go to the console, and a file that cannot be
-  // written (a full disk, a file size limit) is noticed and reported, which
-  // a file held by the worker itself would hide. Teed with the console
-  // filtered out is just redirected, and a stream neither redirected nor
-  // teed goes to /dev/null instead of the console (torch 2.x's
-  // DefaultLogsSpecs.reify does the same for the ranks --local_ranks_filter
-  // leaves out).
-  const unsigned teed = spec.console ? spec.tee & kBoth : kNone;
-  const unsigned to_file = (spec.redirects | spec.tee) & kBoth;
+// A worker's output plumbing. Every stream that goes to a file comes through
+// a pipe read by the launcher: teed ones also go to the console, and a file
+// that cannot be written (a full disk, a file size limit) is noticed and
+// reported, which a file held by the worker itself would hide. Teed with the
+// console filtered out is just redirected, and a stream neither redirected
+// nor teed goes to /dev/null instead of the console (torch 2.x's
+// DefaultLogsSpecs.reify does the same for the ranks --local_ranks_filter
+// leaves out).
+struct Plumbing {
+  unsigned teed = kNone;
+  unsigned to_file = kNone;
+  std::shared_ptr<UniqueFd> out_file, err_file;
+  bool one_pipe = false;  // both streams to one file, neither teed: one pipe keeps their order
+  UniqueFd out_read, out_write, err_read, err_write, null_out;
+  int stdout_fd() const { return (to_file & kStdout) ? out_write.get() : null_out.get(); }
+  int stderr_fd() const {
+    return one_pipe ? out_write.get() : (to_file & kStderr) ? err_write.get() : null_out.get();
+  }
+};
+
+void make_pipe(UniqueFd& read_end, UniqueFd& write_end, const SpawnError& fail) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) throw fail(std::string("pipe: ") + std::strerror(errno));
+  read_end.reset(p[0]);
+  write_end.reset(p[1]);
+  ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
+}
+
+Plumbing make_plumbing(const WorkerSpec& spec, const SpawnError& fail) {
+  Plumbing p;
+  p.teed = spec.console ? spec.tee & kBoth : kNone;
+  p.to_file = (spec.redirects | spec.tee) & kBoth;
   auto open_file = [&](const std::string& path, const char* stream) {
     CTORCHRUN_CHECK(!path.empty(),
                     std::string("worker ") + stream + " redirected or teed without a file path");
@@ -781,33 +808,57 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     if (fd < 0) throw fail("cannot open " + path + ": " + std::strerror(errno));
     return std::make_shared<UniqueFd>(fd);
   };
-  std::shared_ptr<UniqueFd> out_file;
-  std::shared_ptr<UniqueFd> err_file;
-  if (to_file & kStdout) out_file = open_file(spec.stdout_path, "stdout");
-  if (to_file & kStderr) {
-    err_file = out_file && spec.stderr_path == spec.stdout_path
-                   ? out_file
-                   : open_file(spec.stderr_path, "stderr");
+  if (p.to_file & kStdout) p.out_file = open_file(spec.stdout_path, "stdout");
+  if (p.to_file & kStderr) {
+    p.err_file = p.out_file && spec.stderr_path == spec.stdout_path
+                     ? p.out_file
+                     : open_file(spec.stderr_path, "stderr");
   }
-  auto make_pipe = [&](UniqueFd& read_end, UniqueFd& write_end) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) throw fail(std::string("pipe: ") + std::strerror(errno));
-    read_end.reset(p[0]);
-    write_end.reset(p[1]);
-    ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
-  };
-  // Both streams to one file and neither teed: one pipe for both, so that the
-  // file keeps the order in which the worker wrote them.
-  const bool one_pipe = err_file && err_file == out_file && teed == kNone;
-  UniqueFd out_read, out_write, err_read, err_write;
-  if (to_file & kStdout) make_pipe(out_read, out_write);
-  if ((to_file & kStderr) && !one_pipe) make_pipe(err_read, err_write);
-  UniqueFd null_out;
-  if (!spec.console && (to_file & kBoth) != kBoth) {
-    null_out.reset(::open("/dev/null", O_WRONLY | O_CLOEXEC));
-    if (null_out.get() < 0) throw fail(std::string("/dev/null: ") + std::strerror(errno));
+  p.one_pipe = p.err_file && p.err_file == p.out_file && p.teed == kNone;
+  if (p.to_file & kStdout) make_pipe(p.out_read, p.out_write, fail);
+  if ((p.to_file & kStderr) && !p.one_pipe) make_pipe(p.err_read, p.err_write, fail);
+  if (!spec.console && (p.to_file & kBoth) != kBoth) {
+    p.null_out.reset(::open("/dev/null", O_WRONLY | O_CLOEXEC));
+    if (p.null_out.get() < 0) throw fail(std::string("/dev/null: ") + std::strerror(errno));
   }
+  return p;
+}
 
+// The CPU and memory-node masks of `spec`, for SpawnSetup: built before the
+// vfork, so that its child allocates nothing.
+struct Placement {
+  cpu_set_t cpus;
+  std::array<unsigned long, kNodeMaskWords> mem_many{}, mem_first{};
+  explicit Placement(const WorkerSpec& spec) {
+    CPU_ZERO(&cpus);
+    for (int c : spec.cpus) {
+      if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
+    }
+    constexpr size_t kBits = 8 * sizeof(unsigned long);
+    for (size_t i = 0; i < spec.memory_nodes.size(); ++i) {
+      const int n = spec.memory_nodes[i];
+      if (n < 0 || static_cast<size_t>(n) >= kNodeMaskWords * kBits) continue;
+      const unsigned long bit = 1UL << (static_cast<size_t>(n) % kBits);
+      mem_many[static_cast<size_t>(n) / kBits] |= bit;
+      if (i == 0) mem_first[static_cast<size_t>(n) / kBits] |= bit;
+    }
+  }
+  void apply(const WorkerSpec& spec, SpawnSetup* setup) {
+    if (!spec.cpus.empty()) setup->cpus = &cpus;
+    if (!spec.memory_nodes.empty()) {
+      setup->mem_many = mem_many.data();
+      setup->mem_first = mem_first.data();
+      setup->mem_several = spec.memory_nodes.size() > 1;
+    }
+  }
+};
+
+pid_t ProcessLauncher::fork_exec(const WorkerSpec& spec, const std::string& exe,
+                                 const Plumbing& plumbing) {
+  auto fail = [&spec](const std::string& why) {
+    return IoError("cannot start worker local_rank=" + std::to_string(spec.local_rank) + ": " +
+                   why);
+  };
   std::vector<std::string> env_strings;
   env_strings.reserve(spec.env.size());
   for (const auto& [key, value] : spec.env) env_strings.push_back(key + "=" + value);
@@ -825,35 +876,15 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
   setup.argv = argv.data();
   setup.envp = envp.data();
   setup.cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
-  setup.stdout_fd = (to_file & kStdout) ? out_write.get() : null_out.get();
-  setup.stderr_fd = one_pipe              ? out_write.get()
-                    : (to_file & kStderr) ? err_write.get()
-                                          : null_out.get();
+  setup.stdout_fd = plumbing.stdout_fd();
+  setup.stderr_fd = plumbing.stderr_fd();
   setup.agent_pid = agent_pid_;
   setup.watcher_fd = watcher_->channel_fd();
   setup.failed_pid = &failed_pid;
   ChildFailure failure;
   setup.failure = &failure;
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  for (int c : spec.cpus) {
-    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
-  }
-  if (!spec.cpus.empty()) setup.cpus = &cpus;
-  std::array<unsigned long, kNodeMaskWords> mem_many{}, mem_first{};
-  constexpr size_t kBits = 8 * sizeof(unsigned long);
-  for (size_t i = 0; i < spec.memory_nodes.size(); ++i) {
-    const int n = spec.memory_nodes[i];
-    if (n < 0 || static_cast<size_t>(n) >= kNodeMaskWords * kBits) continue;
-    const unsigned long bit = 1UL << (static_cast<size_t>(n) % kBits);
-    mem_many[static_cast<size_t>(n) / kBits] |= bit;
-    if (i == 0) mem_first[static_cast<size_t>(n) / kBits] |= bit;
-  }
-  if (!spec.memory_nodes.empty()) {
-    setup.mem_many = mem_many.data();
-    setup.mem_first = mem_first.data();
-    setup.mem_several = spec.memory_nodes.size() > 1;
-  }
+  Placement placement(spec);
+  placement.apply(spec, &setup);
 
   std::error_code ec;
   pid_t pid = -1;
@@ -879,19 +910,15 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
       own(forked, false);
     }
     if (failure.step != ChildStep::kNone) {
-      throw fail(child_step_text(failure.step, spec, program) + ": " +
+      throw fail(child_step_text(failure.step, spec, spec.argv[0]) + ": " +
                  std::strerror(failure.error));
     }
-    throw fail(program + ": " + (ec ? ec.message() : std::string("spawn failed")));
+    throw fail(spec.argv[0] + ": " + (ec ? ec.message() : std::string("spawn failed")));
   }
-  watcher_->watch(pid);
+  return pid;
+}
 
-  auto w = std::make_shared<Worker>();
-  w->local_rank = spec.local_rank;
-  w->pid = pid;
-  w->program = program;
-  w->exit.local_rank = spec.local_rank;
-  w->exit.pid = pid;
+void ProcessLauncher::attach_pumps(Worker& w, const WorkerSpec& spec, Plumbing& p) {
   auto on_error = [this](const std::string& path) {
     return [this, path](int error) { note_truncated(path, error); };
   };
@@ -901,26 +928,47 @@ std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
     if (!(spec.tee & stream) || filters.empty() || path.empty()) return nullptr;
     return std::make_shared<detail::LineFilter>(filters, path, on_error(path));
   };
-  if (to_file & kStdout) {
-    w->pumps.push_back(std::make_shared<OutputPump>(
-        io_, std::move(out_read), out_file, (teed & kStdout) ? STDOUT_FILENO : -1, spec.prefix,
-        on_error(spec.stdout_path),
+  if (p.to_file & kStdout) {
+    w.pumps.push_back(std::make_shared<OutputPump>(
+        io_, std::move(p.out_read), p.out_file, (p.teed & kStdout) ? STDOUT_FILENO : -1,
+        spec.prefix, on_error(spec.stdout_path),
         duplicate(kStdout, spec.stdout_filters, spec.filtered_stdout_path)));
   }
-  if ((to_file & kStderr) && !one_pipe) {
-    const std::string& path = err_file == out_file ? spec.stdout_path : spec.stderr_path;
-    w->pumps.push_back(std::make_shared<OutputPump>(
-        io_, std::move(err_read), err_file, (teed & kStderr) ? STDERR_FILENO : -1, spec.prefix,
-        on_error(path), duplicate(kStderr, spec.stderr_filters, spec.filtered_stderr_path)));
+  if ((p.to_file & kStderr) && !p.one_pipe) {
+    const std::string& path = p.err_file == p.out_file ? spec.stdout_path : spec.stderr_path;
+    w.pumps.push_back(std::make_shared<OutputPump>(
+        io_, std::move(p.err_read), p.err_file, (p.teed & kStderr) ? STDERR_FILENO : -1,
+        spec.prefix, on_error(path),
+        duplicate(kStderr, spec.stderr_filters, spec.filtered_stderr_path)));
   }
-  for (auto& pump : w->pumps) pump->start();
+  for (auto& pump : w.pumps) pump->start();
+}
+
+std::shared_ptr<Worker> ProcessLauncher::spawn(const WorkerSpec& spec) {
+  auto fail = [&spec](const std::string& why) {
+    return IoError("cannot start worker local_rank=" + std::to_string(spec.local_rank) + ": " +
+                   why);
+  };
+  if (spec.argv.empty()) throw fail("empty argv");
+  const std::string exe = resolve_program(spec, fail);
+  Plumbing plumbing = make_plumbing(spec, fail);
+  const pid_t pid = fork_exec(spec, exe, plumbing);
+  watcher_->watch(pid);
+
+  auto w = std::make_shared<Worker>();
+  w->local_rank = spec.local_rank;
+  w->pid = pid;
+  w->program = spec.argv[0];
+  w->exit.local_rank = spec.local_rank;
+  w->exit.pid = pid;
+  attach_pumps(*w, spec, plumbing);
   {
     // SIGCHLD is handled on this thread, after this task: an exit that
     // already happened is still seen.
     std::lock_guard<std::mutex> lock(mutex_);
     workers_.push_back(w);
   }
-  log_->debug("worker started local_rank={} pid={} program={}", spec.local_rank, pid, program);
+  log_->debug("worker started local_rank={} pid={} program={}", spec.local_rank, pid, spec.argv[0]);
   return w;
 }
 
