@@ -4,6 +4,8 @@
 // Pods are network namespaces (or loopback agents); a namespace's own
 // /etc/netns/<name>/hosts, edited while the test runs, plays the cluster DNS.
 
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -100,4 +102,46 @@ TEST_CASE("kubernetes: Trainer v2's environment (static, nproc auto) runs unchan
   const int cpus = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   const std::string expected = std::to_string(2 * cpus) + " " + std::to_string(cpus) + "\n";
   for (int r = 0; r < 2 * cpus; ++r) CHECK(read_file(d.file("r" + std::to_string(r))) == expected);
+}
+
+TEST_CASE(
+    "kubernetes: a PyTorchJob pod lost under the elastic policy is replaced by a new one and "
+    "the job re-forms without spending a restart",
+    "[multiproc]") {
+  TempDir d;
+  const std::string port = std::to_string(free_port());
+  // training-operator v1's environment for an elasticPolicy of 1 to 2 pods.
+  const std::map<std::string, std::string> env = {
+      {"PET_RDZV_ENDPOINT", "127.0.0.1:" + port},
+      {"PET_RDZV_BACKEND", "c10d"},
+      {"PET_NNODES", "1:2"},
+      {"PET_MAX_RESTARTS", "0"},
+      {"PET_NPROC_PER_NODE", "1"},
+      {"PET_RDZV_ID", "job-uid"},
+      {"PET_RDZV_CONF", "join_timeout=60,last_call_timeout=1"},
+      {"PET_STANDALONE", ""},
+  };
+  auto pod = [&](const std::string& name, const std::string& addr) {
+    std::map<std::string, std::string> e = env;
+    e["PET_LOCAL_ADDR"] = addr;  // each pod its own address
+    return start_ctorchrun(recording_worker(d.file(name), d.file("stop")), e);
+  };
+  auto a = pod("a", "127.0.0.2");
+  auto b = pod("b", "127.0.0.3");
+  REQUIRE(wait_for_lines(d.file("a"), 1, 60s));
+  REQUIRE(wait_for_lines(d.file("b"), 1, 60s));
+  b->signal(SIGKILL);  // the node is lost with its pod
+  REQUIRE(wait_for_lines(d.file("a"), 2, 60s));  // a re-formed alone
+  auto c = pod("c", "127.0.0.4");                 // the replacement, under another address
+  REQUIRE(wait_for_lines(d.file("c"), 1, 60s));
+  REQUIRE(wait_for_lines(d.file("a"), 3, 60s));
+  std::ofstream(d.file("stop")) << "x";
+  CHECK(a->exit_code(60s) == 0);
+  CHECK(c->exit_code(60s) == 0);
+  const auto rounds = lines_of(d.file("a"));
+  REQUIRE(rounds.size() >= 3);
+  CHECK(rounds[0] == "2 0");
+  CHECK(rounds[1] == "1 0");  // re-formations spend no restart (max_restarts=0)
+  CHECK(rounds.back() == "2 0");
+  CHECK(lines_of(d.file("c")).back() == "2 0");
 }
