@@ -29,8 +29,8 @@
 //  - all_reduce: H reduce to the leader, L all_reduce, H broadcast from the
 //    leader. An average is a sum all the way, divided once by the group's
 //    size by the leaders before the last broadcast: exact, not an average
-//    of the hosts' averages. A message larger than the shared-memory chunk
-//    (CTORCHRUN_DIST_SHM_CHUNK, default 4 MiB) goes in pieces of a chunk,
+//    of the hosts' averages. A message larger than a piece
+//    (CTORCHRUN_DIST_HIER_PIECE, default 4 MiB) goes in pieces,
 //    pipelined: H reduces the next piece while L all-reduces this one, and
 //    H broadcasts pieces while L does the later ones.
 //  - reduce to root R: H reduce to the leader, L reduce to R's host's
@@ -106,7 +106,7 @@ namespace ctorchrun::dist {
 // The HierBackend of `context`'s group, given every rank's host identity (in
 // group-rank order, as create_host_backend exchanged them) and the piece a
 // large all_reduce is cut in (bytes; the same on every rank, rank 0's
-// CTORCHRUN_DIST_SHM_CHUNK or 4 MiB); null when no host has two ranks or
+// CTORCHRUN_DIST_HIER_PIECE or 4 MiB); null when no host has two ranks or
 // all ranks are on one host. Set-up ends by `deadline` or throws
 // TimeoutError; otherwise it throws as create_gloo_backend and
 // create_host_backend do.

@@ -76,18 +76,21 @@ std::optional<size_t> decimal_count(const std::string& text) {
   return static_cast<size_t>(std::stoull(text));
 }
 
-// CTORCHRUN_DIST_SHM_CHUNK in whole pages, when set; ConfigError when it is
-// not a byte count from 64 KiB to 64 MiB.
-std::optional<size_t> chunk_setting() {
-  const std::string text = env_text("CTORCHRUN_DIST_SHM_CHUNK");
+// A size setting `name` in whole pages, when set; ConfigError when it is not
+// a byte count from 64 KiB to 64 MiB.
+std::optional<size_t> page_bytes_setting(const char* name) {
+  const std::string text = env_text(name);
   if (text.empty()) return std::nullopt;
   const auto value = decimal_count(text);
   if (!value || *value < kMinChunk || *value > (64u << 20)) {
-    throw ConfigError("CTORCHRUN_DIST_SHM_CHUNK='" + text +
+    throw ConfigError(std::string(name) + "='" + text +
                       "' must be a byte count from 65536 to 67108864");
   }
   return *value / kPage * kPage;
 }
+
+// The segment's chunk (CTORCHRUN_DIST_SHM_CHUNK), when set.
+std::optional<size_t> chunk_setting() { return page_bytes_setting("CTORCHRUN_DIST_SHM_CHUNK"); }
 
 // Bytes of one rank's buffer (two per rank): CTORCHRUN_DIST_SHM_CHUNK, else
 // kDefaultChunk, less when `ranks` would make the segment larger than
@@ -1152,8 +1155,10 @@ std::unique_ptr<Backend> create_host_backend(const BackendContext& context) {
   // Read first, so that a bad value fails every rank alike, at once.
   const bool cma = cma_switch();
   spin_time();
-  // A hierarchical all_reduce's piece (rank 0's holds on every rank).
-  const size_t piece = chunk_setting().value_or(kDefaultPiece);
+  chunk_setting();
+  // A hierarchical all_reduce's piece (rank 0's holds on every rank): a
+  // setting of its own, not the segment's chunk.
+  const size_t piece = page_bytes_setting("CTORCHRUN_DIST_HIER_PIECE").value_or(kDefaultPiece);
   const size_t cma_min = cma_bytes("CTORCHRUN_DIST_SHM_CMA_MIN", kShmCmaBytes);
   const size_t cma_max =
       cma_bytes("CTORCHRUN_DIST_SHM_CMA_MAX", context.size <= kShmCmaRanks ? kShmCmaMaxBytes : 0);

@@ -78,7 +78,8 @@ struct Job {
 // Every op x data type x reduce op on the hierarchical group against a flat
 // gloo group of the same ranks (dist_test_worker versus hier).
 void versus(const std::vector<int>& host_of) {
-  Job job(host_of, {"versus", "hier"}, {{"CTORCHRUN_DIST_SHM_CHUNK", "65536"}});
+  Job job(host_of, {"versus", "hier"},
+          {{"CTORCHRUN_DIST_SHM_CHUNK", "65536"}, {"CTORCHRUN_DIST_HIER_PIECE", "65536"}});
   const std::regex line(
       "versus: rank \\d of \\d \\((\\w+)\\): (\\d+) checks, (\\d+) bit-identical");
   for (size_t r = 0; r < host_of.size(); ++r) {

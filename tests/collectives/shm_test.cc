@@ -261,6 +261,11 @@ TEST_CASE("shm sizes: the chunk and single-copy sizes must be plain byte counts"
       {"CTORCHRUN_DIST_SHM_CHUNK", " 65536", false},
       {"CTORCHRUN_DIST_SHM_CHUNK", "65536k", false},
       {"CTORCHRUN_DIST_SHM_CHUNK", "99999999999999999999999", false},
+      // The hierarchical all_reduce's piece is a setting of its own.
+      {"CTORCHRUN_DIST_HIER_PIECE", "65536", true},
+      {"CTORCHRUN_DIST_HIER_PIECE", "67108864", true},
+      {"CTORCHRUN_DIST_HIER_PIECE", "4096", false},
+      {"CTORCHRUN_DIST_HIER_PIECE", "8M", false},
       {"CTORCHRUN_DIST_SHM_CMA_MIN", "0", true},
       {"CTORCHRUN_DIST_SHM_CMA_MIN", "-1", false},
       {"CTORCHRUN_DIST_SHM_CMA_MAX", "1e6", false},

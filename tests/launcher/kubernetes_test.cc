@@ -130,9 +130,9 @@ TEST_CASE(
   auto b = pod("b", "127.0.0.3");
   REQUIRE(wait_for_lines(d.file("a"), 1, 60s));
   REQUIRE(wait_for_lines(d.file("b"), 1, 60s));
-  b->signal(SIGKILL);  // the node is lost with its pod
+  b->signal(SIGKILL);                            // the node is lost with its pod
   REQUIRE(wait_for_lines(d.file("a"), 2, 60s));  // a re-formed alone
-  auto c = pod("c", "127.0.0.4");                 // the replacement, under another address
+  auto c = pod("c", "127.0.0.4");                // the replacement, under another address
   REQUIRE(wait_for_lines(d.file("c"), 1, 60s));
   REQUIRE(wait_for_lines(d.file("a"), 3, 60s));
   std::ofstream(d.file("stop")) << "x";
