@@ -76,7 +76,12 @@ void HealthStatus::set_file_timer(std::string path, std::function<FileTimerStats
   file_timer_stats_ = std::move(stats);
 }
 
-bool HealthStatus::healthy() const {
+bool HealthStatus::alive() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return phase_ != AgentPhase::kFinished;
+}
+
+bool HealthStatus::ready() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return phase_ == AgentPhase::kRunning;
 }
@@ -95,7 +100,7 @@ std::string HealthStatus::to_json(std::chrono::system_clock::time_point now) con
     j["file_timer"] = nullptr;
     if (file_timer_stats_) {
       stats = file_timer_stats_;
-      j["file_timer"] = {{"path", file_timer_path_}};
+      j["file_timer"] = nlohmann::json::object();
     }
   }
   if (stats) {
@@ -185,10 +190,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (method != "GET" && method != "HEAD") {
       return respond(405, "Method Not Allowed", R"({"error": "only GET"})", method == "HEAD");
     }
-    if (target != "/healthz") {
-      return respond(404, "Not Found", R"({"error": "not found; try /healthz"})", method == "HEAD");
+    if (target != "/healthz" && target != "/readyz") {
+      return respond(404, "Not Found", R"({"error": "not found; try /healthz or /readyz"})",
+                     method == "HEAD");
     }
-    const bool ok = shared_->status->healthy();
+    const bool ok = target == "/healthz" ? shared_->status->alive() : shared_->status->ready();
     respond(ok ? 200 : 503, ok ? "OK" : "Service Unavailable",
             shared_->status->to_json(std::chrono::system_clock::now()), method == "HEAD");
   }

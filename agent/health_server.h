@@ -1,12 +1,20 @@
 #pragma once
 
-// TORCHELASTIC_HEALTH_CHECK_PORT=P: an HTTP endpoint on port P that answers
+// TORCHELASTIC_HEALTH_CHECK_PORT=P: an HTTP endpoint on port P (bound on
+// --status_host) that answers
 //
-//   GET /healthz  ->  200 while the workers run, 503 otherwise, with
+//   GET /healthz  ->  200 while the agent runs its job, in every phase
+//                     (rendezvous, running, restarting, stopping, the exit
+//                     barrier), 503 once it has finished: torch's meaning of
+//                     the port ("the agent is alive"), so that a Kubernetes
+//                     liveness probe never restarts a pod that waits normally
+//   GET /readyz   ->  200 while the workers run, 503 otherwise (a readiness
+//                     probe)
+//
+// both with
 //   {"state": "running", "attempt": 0, "run_id": "job7", "time": 1764032105.2,
 //    "last_progress": null,
-//    "file_timer": {"path": "/tmp/watchdog_timer_...", "last_request": 1764032101.7,
-//                   "active_timers": 1}}
+//    "file_timer": {"last_request": 1764032101.7, "active_timers": 1}}
 //
 //   state          "starting", "rendezvous", "running", "restarting",
 //                  "stopping" or "finished"
@@ -18,7 +26,8 @@
 //                  and before its first sample
 //   file_timer     null when TORCHELASTIC_ENABLE_FILE_TIMER is off; else the
 //                  last well-formed request's time (null before the first)
-//                  and the timers held
+//                  and the timers held (never the pipe's path: whoever
+//                  reaches the port could write to it)
 //
 // and 404 to any other path, 405 to any other method. torch's open-source
 // agent reads the same variable, but the server it starts answers no request;
@@ -64,7 +73,8 @@ class HealthStatus {
   // Where the file timer's figures come from (empty: the file timer is off).
   void set_file_timer(std::string path, std::function<FileTimerStats()> stats);
 
-  bool healthy() const;  // running
+  bool alive() const;  // /healthz: not finished
+  bool ready() const;  // /readyz: running
   // The JSON body above, with `now` as "time".
   std::string to_json(std::chrono::system_clock::time_point now) const;
 
