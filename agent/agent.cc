@@ -257,7 +257,10 @@ class ElasticAgent::Impl {
   FailureRecord record_of(const worker::WorkerExit& e, int attempt) const;
   FailureRecord publish_failure(int attempt, const std::vector<FailureRecord>& local);
   // Returns the exits stop() returned (worker::Launcher::stop).
-  std::vector<worker::WorkerExit> stop_workers(int sig, int attempt);
+  // `finished`: the workers all succeeded and the node goes on to its exit
+  // barrier, where the hang detection keeps judging the job (HangDetector::
+  // finished()); otherwise it stops watching.
+  std::vector<worker::WorkerExit> stop_workers(int sig, int attempt, bool finished = false);
   // Waits for `key` on the main store, bounded by the liveness of the job and
   // a deadline; the error names the nodes missing from `set_key` (if given).
   void await_nodes(const std::string& key, const std::string& set_key, const char* what);
@@ -669,9 +672,16 @@ FailureRecord ElasticAgent::Impl::publish_failure(int attempt,
   }
 }
 
-std::vector<worker::WorkerExit> ElasticAgent::Impl::stop_workers(int sig, int attempt) {
+std::vector<worker::WorkerExit> ElasticAgent::Impl::stop_workers(int sig, int attempt,
+                                                                 bool finished) {
   health_->set_phase(AgentPhase::kStopping);
-  if (hang_) hang_->unwatch();
+  if (hang_) {
+    if (finished) {
+      hang_->finished();
+    } else {
+      hang_->unwatch();
+    }
+  }
   // Always: it also kills what exited workers left behind in their groups.
   // The scheduler signalled the workers itself: send nothing (0), wait, then
   // SIGKILL.
@@ -1398,14 +1408,19 @@ ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
   start_workers(k);
   AttemptOutcome out;
   switch (watch(k, &out.local)) {
-    case WatchResult::kSucceeded:
-      stop_workers(SIGTERM, k);  // no worker runs: clears leftovers, updates the phase
+    case WatchResult::kSucceeded: {
+      // No worker runs: clears leftovers, updates the phase; the hang
+      // detection goes on judging the rest of the job from here.
+      stop_workers(SIGTERM, k, /*finished=*/true);
       if (int sig = pending_signal_) {
+        if (hang_) hang_->unwatch();
         out.kind = AttemptOutcome::kSignal;
         out.signal = sig;
         return out;
       }
-      switch (exit_barrier(k)) {
+      const Barrier barrier = exit_barrier(k);
+      if (hang_) hang_->unwatch();
+      switch (barrier) {
         case Barrier::kPassed:
           out.kind = AttemptOutcome::kSucceeded;
           return out;
@@ -1419,6 +1434,7 @@ ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
       out.kind = AttemptOutcome::kFailed;
       out.root = *monitor_->failure(k);
       return out;
+    }
     case WatchResult::kLocalFailure:
       out.kind = AttemptOutcome::kFailed;
       out.root = publish_failure(k, out.local);

@@ -20,7 +20,8 @@ std::string NodeStall::to_json() const {
     ranks_json.push_back(
         {{"rank", r.rank}, {"local_rank", r.local_rank}, {"pid", r.pid}, {"since_ms", r.since_ms}});
   }
-  return json_text::dump_record(nlohmann::json{{"stalled_ms", stalled_ms}, {"ranks", ranks_json}});
+  return json_text::dump_record(
+      nlohmann::json{{"stalled_ms", stalled_ms}, {"ranks", ranks_json}, {"finished", finished}});
 }
 
 NodeStall NodeStall::from_json(const std::string& text, int node, const std::string& key) {
@@ -40,6 +41,10 @@ NodeStall NodeStall::from_json(const std::string& text, int node, const std::str
   NodeStall s;
   s.node = node;
   s.stalled_ms = integer(j, "stalled_ms", 0, INT64_MAX);
+  if (auto f = j.find("finished"); f != j.end()) {
+    if (!f->is_boolean()) throw bad("'finished' is not a boolean");
+    s.finished = f->get<bool>();
+  }
   auto it = j.find("ranks");
   if (it == j.end() || !it->is_array()) throw bad("'ranks' is not a list");
   for (const auto& r : *it) {
@@ -60,10 +65,14 @@ std::optional<FailureRecord> decide_hang(const std::vector<std::optional<NodeSta
   if (nodes.empty() || timeout.count() <= 0) return std::nullopt;
   const RankStall* first = nullptr;
   int first_node = -1;
+  // The ranks named are those still running, unless every node has finished.
+  const bool any_running =
+      std::any_of(nodes.begin(), nodes.end(), [](const auto& n) { return n && !n->finished; });
   for (size_t n = 0; n < nodes.size(); ++n) {
     // A node not heard from yet, or whose workers moved within the timeout,
     // keeps the job alive.
     if (!nodes[n] || nodes[n]->stalled_ms < timeout.count()) return std::nullopt;
+    if (any_running && nodes[n]->finished) continue;
     for (const auto& r : nodes[n]->ranks) {
       if (!first || r.since_ms < first->since_ms ||
           (r.since_ms == first->since_ms && r.rank < first->rank)) {
@@ -104,6 +113,7 @@ struct HangDetector::State {
   std::vector<std::string> hosts;
   std::optional<std::chrono::system_clock::time_point> last_progress;
   std::optional<NodeStall> verdict;
+  bool finished = false;  // the watched workers all ended: no more sampling
 };
 
 HangDetector::HangDetector(std::function<std::shared_ptr<store::Store>()> connect,
@@ -143,6 +153,12 @@ void HangDetector::unwatch() {
   ++state_->generation;
   state_->workers.clear();
   state_->verdict.reset();
+  state_->finished = false;
+}
+
+void HangDetector::finished() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->finished = true;
 }
 
 std::optional<std::chrono::system_clock::time_point> HangDetector::last_progress() const {
@@ -168,17 +184,20 @@ void HangDetector::loop(const std::shared_ptr<State>& st) {
   bool published_crossing = false;
   bool decided = false;
   bool warned = false;
+  bool finished = false;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(st->mutex);
       st->cv.wait_for(lock, o.sample_interval, [&] { return st->stop; });
       if (st->stop) return;
+      finished = st->finished;
       if (st->generation != seen_generation) {
         seen_generation = st->generation;
         attempt = st->attempt;
         workers = st->workers;
         hosts = st->hosts;
         trackers.assign(workers.size(), worker::StallTracker{});
+        finished = false;
         next_publish = o.now();
         published_crossing = false;
         decided = false;
@@ -191,11 +210,12 @@ void HangDetector::loop(const std::shared_ptr<State>& st) {
     const auto wall = o.wall_now();
     NodeStall mine;
     mine.node = o.node;
+    mine.finished = finished;
     mine.stalled_ms = INT64_MAX;
     std::optional<std::chrono::system_clock::time_point> newest;
     for (size_t i = 0; i < workers.size(); ++i) {
       const auto& w = workers[i];
-      trackers[i].observe(o.sample(w.pid, w.output_files), now);
+      if (!finished) trackers[i].observe(o.sample(w.pid, w.output_files), now);
       const auto stalled = trackers[i].stalled_for(now);
       mine.stalled_ms = std::min<int64_t>(mine.stalled_ms, stalled.count());
       const auto since = wall - stalled;

@@ -87,6 +87,9 @@ struct NodeStall {
   int node = 0;
   int64_t stalled_ms = 0;
   std::vector<RankStall> ranks;
+  // The node's workers all finished (it waits in its exit barrier): stalled
+  // for the verdict, never the rank a verdict names ("finished": true).
+  bool finished = false;
 
   std::string to_json() const;
   // Throws ProtocolError naming `key` for anything but that shape.
@@ -95,7 +98,8 @@ struct NodeStall {
 
 // The job's verdict from every node's (nullopt: not published yet): hung
 // when every node is stalled for `timeout`. The record names the rank whose
-// stall started first (ties: the lower rank) and says it is a hang.
+// stall started first (ties: the lower rank) among the nodes still running
+// workers, and says it is a hang.
 std::optional<FailureRecord> decide_hang(const std::vector<std::optional<NodeStall>>& nodes,
                                          std::chrono::milliseconds timeout,
                                          const std::vector<std::string>& hosts, int attempt);
@@ -111,6 +115,12 @@ class HangDetector {
   // Stops watching (the workers are being stopped): nothing is published
   // or decided until the next watch().
   void unwatch();
+  // This node's workers have all finished and it waits for the others (the
+  // exit barrier): its workers count as stalled since their last progress,
+  // no longer sampled (their pids may be reused), and the node goes on
+  // publishing and, if it decides, deciding, so that the rest of the job is
+  // still judged. Until unwatch() or the next watch().
+  void finished();
   // The last time any watched worker of this node made progress (wall
   // clock); nullopt before the first sample. For the health endpoint.
   std::optional<std::chrono::system_clock::time_point> last_progress() const;

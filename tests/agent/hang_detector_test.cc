@@ -138,6 +138,15 @@ TEST_CASE("hang: the verdict needs every node stalled for the timeout and names 
     nodes[1]->ranks[1].since_ms = 2000;
     CHECK(decide_hang(nodes, 5s, hosts, 4)->rank == 0);
   }
+  SECTION("a node whose workers finished counts as stalled but is never the one named") {
+    nodes[1]->finished = true;  // its rank 3 stalled first, by finishing
+    auto named = decide_hang(nodes, 5s, hosts, 4);
+    REQUIRE(named);
+    CHECK(named->node_rank == 0);
+    auto again = NodeStall::from_json(nodes[1]->to_json(), 1, "k");
+    CHECK(again.finished);
+    CHECK_FALSE(NodeStall::from_json(nodes[0]->to_json(), 0, "k").finished);
+  }
 }
 
 TEST_CASE("hang: two nodes' detectors declare a hang only once every worker stalled", "[unit]") {

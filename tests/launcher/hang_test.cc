@@ -206,3 +206,28 @@ TEST_CASE("hang: ranks waiting on data-loader children doing CPU or I/O work is 
 TEST_CASE("hang: a long compile-like CPU phase before the first collective is no hang", "[torch]") {
   require_no_hang("compile");
 }
+
+TEST_CASE(
+    "hang: --hang_timeout still judges the job after a node's workers all finished, the "
+    "finished node counting as stalled",
+    "[multiproc]") {
+  const std::string port = std::to_string(free_port());
+  auto node = [&](int rank) {
+    // Node 0's worker is done at once; node 1's sleeps (no CPU, no output).
+    return start_ctorchrun(
+        concat({"--nnodes=2", "--node_rank=" + std::to_string(rank), "--master_port=" + port,
+                "--hang_timeout=3", "--shutdown_timeout=2"},
+               sh("if [ $GROUP_RANK = 0 ]; then exit 0; fi; exec sleep 40")));
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto n0 = node(0);
+  auto n1 = node(1);
+  const int rc0 = n0->exit_code(60s), rc1 = n1->exit_code(60s);
+  const std::string out0 = n0->read_all(1s), out1 = n1->read_all(1s);
+  INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+  CHECK(rc0 == 1);
+  CHECK(rc1 == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < 35s);  // not the 40 s sleep
+  CHECK((out0 + out1).find("hang") != std::string::npos);
+  CHECK(out1.find("rank      : 1") != std::string::npos);
+}
