@@ -43,6 +43,18 @@ std::streamoff file_size(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<std::streamoff>(st.st_size) : 0;
 }
 
+// A dump written at `path` since `since` (a file with content, modified then
+// or later, a second of slack for coarse timestamps): a dump an earlier job
+// left at the same path is not this hang's.
+bool written_since(const std::string& path, std::chrono::system_clock::time_point since) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || st.st_size == 0) return false;
+  const auto modified = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+  return modified + std::chrono::seconds(1) >= since;
+}
+
 // Alive and not a zombie (a worker's zombie stays until the launcher's stop()).
 bool running(pid_t pid) { return procfs::running(pid); }
 
@@ -233,6 +245,7 @@ std::vector<RankFrame> diagnose_hang(const std::vector<DiagnosisTarget>& targets
   // 1. The flight recorder, every rank at once.
   if (!o.pipe_prefix.empty()) {
     const auto fr_deadline = until(o.flight_recorder_wait);
+    const auto requested_at = std::chrono::system_clock::now();
     std::vector<std::thread> requests;
     std::vector<char> delivered(targets.size(), 0);
     for (size_t i = 0; i < targets.size(); ++i) {
@@ -244,13 +257,13 @@ std::vector<RankFrame> diagnose_hang(const std::vector<DiagnosisTarget>& targets
     for (auto& th : requests) th.join();
     for (size_t i = 0; i < targets.size(); ++i) {
       const std::string dump = o.dump_prefix + std::to_string(targets[i].rank);
-      while (delivered[i] && file_size(dump) == 0 && Clock::now() < fr_deadline) {
+      while (delivered[i] && !written_since(dump, requested_at) && Clock::now() < fr_deadline) {
         std::this_thread::sleep_for(20ms);
       }
       report[i] += "\n--- NCCL flight recorder ---\n";
       if (!delivered[i]) {
         report[i] += "no reader on " + o.pipe_prefix + std::to_string(targets[i].rank) + ".pipe\n";
-      } else if (file_size(dump) > 0) {
+      } else if (written_since(dump, requested_at)) {
         report[i] += "dump requested: " + dump + "\n";
       } else {
         report[i] += "dump requested; none written to " + dump + " in time\n";

@@ -33,7 +33,9 @@ namespace {
 // for reading without blocking; any byte read makes it write its trace to
 // the dump file.
 struct FakeFlightRecorder {
-  FakeFlightRecorder(const std::string& pipe, const std::string& dump) : dump_(dump) {
+  // `writes`: false for a reader that takes the request and writes nothing.
+  FakeFlightRecorder(const std::string& pipe, const std::string& dump, bool writes = true)
+      : dump_(dump), writes_(writes) {
     REQUIRE(::mkfifo(pipe.c_str(), 0600) == 0);
     fd_ = ::open(pipe.c_str(), O_RDONLY | O_NONBLOCK);
     REQUIRE(fd_ >= 0);
@@ -45,7 +47,7 @@ struct FakeFlightRecorder {
           char buf[16];
           if (::read(fd_, buf, sizeof buf) > 0) {
             ++requests_;
-            std::ofstream(dump_) << "{\"entries\": []}";
+            if (writes_) std::ofstream(dump_) << "{\"entries\": []}";
           }
         }
       }
@@ -57,6 +59,7 @@ struct FakeFlightRecorder {
     ::close(fd_);
   }
   std::string dump_;
+  bool writes_ = true;
   int fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<int> requests_{0};
@@ -204,4 +207,25 @@ TEST_CASE("hang: the stacks' SIGABRT is sent with core dumps turned off", "[mult
   fields >> soft >> hard;
   CHECK(soft == "0");
   CHECK(hard == "0");
+}
+
+TEST_CASE("hang: a flight recorder dump an earlier job left at the path is not this hang's",
+          "[multiproc]") {
+  testing::TempDir dir;
+  // Last week's dump at the path; this time the recorder takes the request
+  // and writes nothing.
+  std::ofstream(dir.file("dump5")) << "{\"entries\": [\"old\"]}";
+  const timespec old[2] = {{::time(nullptr) - 7 * 86400, 0}, {::time(nullptr) - 7 * 86400, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, dir.file("dump5").c_str(), old, 0) == 0);
+  FakeFlightRecorder fr(dir.file("pipe5.pipe"), dir.file("dump5"), /*writes=*/false);
+  testing::Process p({"/bin/sleep", "30"});
+  DiagnosisOptions o =
+      diagnosis_options("100", dir.file("pipe"), dir.file("dump"), "/usr/bin:/bin");
+  o.flight_recorder_wait = 500ms;
+  diagnose_hang({{5, 0, p.pid(), dir.path, dir.file("stderr.log")}}, o);
+  const std::string report = testing::read_file(dir.file("hang.txt"));
+  INFO(report);
+  CHECK(fr.requests_ == 1);
+  CHECK_THAT(report, Catch::Contains("dump requested; none written to " + dir.file("dump5")));
+  CHECK_THAT(report, !Catch::Contains("dump requested: "));
 }
