@@ -145,6 +145,7 @@ void HangDetector::watch(int attempt, std::vector<WatchedWorker> workers,
   state_->workers = std::move(workers);
   state_->hosts = std::move(hosts);
   state_->verdict.reset();
+  state_->finished = false;  // new workers: sampled again
   state_->cv.notify_all();
 }
 
@@ -197,6 +198,8 @@ void HangDetector::loop(const std::shared_ptr<State>& st) {
         workers = st->workers;
         hosts = st->hosts;
         trackers.assign(workers.size(), worker::StallTracker{});
+        // Sampled once at least, so that each stall clock has a start, even
+        // when the workers finished before this thread saw them.
         finished = false;
         next_publish = o.now();
         published_crossing = false;

@@ -201,6 +201,23 @@ TEST_CASE("hang: two nodes' detectors declare a hang only once every worker stal
     w.settle();
     CHECK_FALSE(FailureRecord::from_json(w.store->get(keys::failure(0))).hang);
   }
+  SECTION("the next attempt's workers are sampled again after a finished one") {
+    d0.finished();  // as before an exit barrier that then gives way to a new round
+    d0.watch(1, {{0, 0, 100, {}}, {1, 1, 101, {}}}, hosts);
+    d1.watch(1, {{2, 0, 200, {}}, {3, 1, 201, {}}}, hosts);
+    w.settle();
+    const int64_t start = w.ms;
+    for (int i = 0; i < 12; ++i) {  // rank 0 keeps moving for 6 s
+      w.ms += 500;
+      w.progress(100);
+      w.settle();
+    }
+    REQUIRE(d0.local_verdict());
+    CHECK(d0.local_verdict()->stalled_ms < 1000);
+    CHECK_FALSE(d0.local_verdict()->finished);
+    CHECK(w.ms - start >= 6000);
+    CHECK_FALSE(w.store->check({keys::failure(1)}));
+  }
   SECTION("workers being stopped are not watched: no verdict") {
     d0.unwatch();
     d1.unwatch();
