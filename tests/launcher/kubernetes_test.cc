@@ -127,6 +127,9 @@ TEST_CASE(
     return start_ctorchrun(recording_worker(d.file(name), d.file("stop")), e);
   };
   auto a = pod("a", "127.0.0.2");
+  // Every pod may host the endpoint's store on loopback; the first to bind
+  // does. It must be a, the pod that lives: b's loss is the scenario.
+  REQUIRE(wait_for_port(std::stoi(port), 30s));
   auto b = pod("b", "127.0.0.3");
   REQUIRE(wait_for_lines(d.file("a"), 1, 60s));
   REQUIRE(wait_for_lines(d.file("b"), 1, 60s));
