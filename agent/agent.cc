@@ -22,6 +22,7 @@
 #include "agent/hang_diagnosis.h"
 #include "agent/health_server.h"
 #include "agent/job_monitor.h"
+#include "agent/job_status.h"
 #include "agent/protocol.h"
 #include "agent/restart_budget.h"
 #include "agent/scheduler_stop.h"
@@ -381,6 +382,19 @@ class ElasticAgent::Impl {
   std::shared_ptr<FileTimerServer> file_timer_;
   std::unique_ptr<HealthServer> health_server_;
   void start_torch_agent_features();
+  // --status_port (agent/job_status.h): the job as this agent knows it; null
+  // when neither --status_port nor TORCHELASTIC_HEALTH_CHECK_PORT is set (no
+  // sampling, nothing recorded). Its server and sampler go before it.
+  std::shared_ptr<JobStatus> job_;
+  std::unique_ptr<HealthServer> status_server_;
+  std::unique_ptr<StatusSampler> status_sampler_;
+  void start_status(std::optional<int> health_port);
+  std::unique_ptr<HealthServer> serve(int port, const char* what);
+  void set_phase(AgentPhase phase) {
+    health_->set_phase(phase);
+    if (job_) job_->set_phase(phase);
+  }
+  void status_attempt_failed(const FailureRecord& root, int k);
 };
 
 void ElasticAgent::Impl::on_signal(int sig) {
@@ -402,6 +416,7 @@ void ElasticAgent::Impl::on_signal(int sig) {
   // Whatever holds this node's place (an etcd lease) goes now, so that a
   // round forming or running does not wait for it.
   rdzv_.abandon();
+  if (job_) job_->finished(code);
   events_.emit("finished", attempt(), {{"exit_code", code}, {"signal", signal_name(sig)}});
   if (file_timer_) file_timer_->remove_pipe();  // _Exit skips the destructor
   if (std::string kept = tidy_log_dir(); !kept.empty()) log_->info("logs kept in {}", kept);
@@ -613,6 +628,7 @@ ElasticAgent::Impl::WatchResult ElasticAgent::Impl::watch(
         fields["exit_code"] = e.exit_code;
       }
       events_.emit("worker_exited", attempt, fields);
+      if (job_) job_->worker_exited(e.local_rank, e.failed());
       exited.insert(e.pid);
       if (e.failed()) {
         if (!scheduler_grace && may_be_scheduler_stop(c_, e)) {
@@ -674,7 +690,7 @@ FailureRecord ElasticAgent::Impl::publish_failure(int attempt,
 
 std::vector<worker::WorkerExit> ElasticAgent::Impl::stop_workers(int sig, int attempt,
                                                                  bool finished) {
-  health_->set_phase(AgentPhase::kStopping);
+  set_phase(AgentPhase::kStopping);
   if (hang_) {
     if (finished) {
       hang_->finished();
@@ -1064,6 +1080,7 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
       c_.hang_timeout.count(), root.rank, root.node_rank, pids_.empty() ? 0 : pids_.size() - 1);
   std::vector<int> ranks;
   for (int r = 0; r < world_size_; ++r) ranks.push_back(r);
+  if (job_) job_->hang_detected(root.rank);
   events_.emit("hang_detected", k,
                {{"ranks", ranks},
                 {"first_stalled_rank", root.rank},
@@ -1126,7 +1143,8 @@ std::string ElasticAgent::Impl::report_hang(int k, const FailureRecord& root) {
 }
 
 RunResult ElasticAgent::Impl::finish(int code, std::string message) {
-  health_->set_phase(AgentPhase::kFinished);
+  set_phase(AgentPhase::kFinished);
+  if (job_) job_->finished(code);
   events_.emit("finished", attempt(), {{"exit_code", code}});
   // A temporary log directory goes when it holds no file worth reading (no
   // output was redirected, no error file written); otherwise its path is in
@@ -1148,7 +1166,8 @@ std::string ElasticAgent::Impl::attempt_dir(int attempt) const {
 void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipChange>& change) {
   hang_.reset();
   monitor_.reset();  // the last round's view ends with it
-  health_->set_phase(AgentPhase::kRendezvous);
+  set_phase(AgentPhase::kRendezvous);
+  if (job_) job_->rendezvous_started();
   try {
     info_ = change ? rdzv_.next_round(*change, attempt()) : rdzv_.next_rendezvous();
   } catch (const rendezvous::JobClosedError& e) {
@@ -1219,6 +1238,16 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
       rounds ? " (round " + std::to_string(info_.round) + ")" : std::string(), c_.run_id,
       info_.group_rank, info_.group_world_size, world_size_, info_.master_addr, info_.master_port,
       attempt(), table);
+  if (job_) {
+    std::vector<StatusNode> nodes;
+    int first = 0;
+    for (const auto& n : info_.nodes) {
+      nodes.push_back({n.group_rank, n.host, "present", n.local_world_size, first});
+      first += n.local_world_size;
+    }
+    job_->round_formed(info_.round, attempt(), info_.group_rank, info_.group_world_size,
+                       std::move(nodes), world_size_);
+  }
   events_.emit("rendezvous", attempt(),
                {{"group_rank", info_.group_rank},
                 {"group_world_size", info_.group_world_size},
@@ -1338,6 +1367,10 @@ void ElasticAgent::Impl::give_way(rendezvous::MembershipChange change) {
                   {"round", info_.round},
                   {"cause", change.cause}});
   }
+  if (job_) {
+    for (int n : change.lost) job_->node_lost(n, change.cause, change.cause == "agent left");
+    job_->restart(RestartReason::kMembership, attempt(), change.reason);
+  }
   events_.emit("round_gives_way", attempt(),
                {{"round", info_.round}, {"reason", change.reason}, {"lost", change.lost}});
   // The next round waits for this node up to its grace, not only its last
@@ -1396,7 +1429,8 @@ void ElasticAgent::Impl::start_workers(int k) {
   events_.emit("workers_started", k, {{"pids", pids}, {"first_rank", base_rank_}});
   timer_workers_->set_workers(pids);
   health_->set_attempt(k);
-  health_->set_phase(AgentPhase::kRunning);
+  set_phase(AgentPhase::kRunning);
+  if (job_) job_->workers_started(k, base_rank_, pids);
 }
 
 ElasticAgent::Impl::AttemptOutcome ElasticAgent::Impl::run_attempt(int k) {
@@ -1502,6 +1536,7 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
   FailureRecord root = out.root;
   events_.emit("attempt_failed", k,
                {{"root_rank", root.rank}, {"root_node", root.node_rank}, {"cause", root.cause()}});
+  status_attempt_failed(root, k);
   if (root.hang) root.message = report_hang(k, root);
   // This node's workers that failed on their own before the stop (with the
   // first, as torchrun's summary lists them all); those it ended are not.
@@ -1542,7 +1577,18 @@ std::optional<RunResult> ElasticAgent::Impl::settle(int k, const AttemptOutcome&
         root.rank, root.local_rank, root.node_rank, root.cause(), next, budget_.max());
     events_.emit("restart", next, {{"restart", next}, {"max_restarts", budget_.max()}});
     health_->set_attempt(next);
-    health_->set_phase(AgentPhase::kRestarting);
+    set_phase(AgentPhase::kRestarting);
+    if (job_) {
+      worker::WorkerExit as_exit;
+      as_exit.signaled = root.signaled;
+      as_exit.signal = root.signal;
+      as_exit.exit_code = root.exit_code;
+      const RestartReason reason = root.hang                            ? RestartReason::kHang
+                                   : may_be_scheduler_stop(c_, as_exit) ? RestartReason::kScheduler
+                                                                        : RestartReason::kFailure;
+      job_->restart(reason, next,
+                    "rank " + std::to_string(root.rank) + " failed with " + root.cause());
+    }
     return std::nullopt;
   }
   std::string msg = "job failed after " + std::to_string(k) + "/" + std::to_string(budget_.max()) +
@@ -1724,21 +1770,65 @@ void ElasticAgent::Impl::start_torch_agent_features() {
                             });
   }
   std::string error;
-  if (auto port = health_check_port(c_.environment, &error)) {
-    HealthServerOptions o;
-    o.host = c_.status_host;
-    o.port = *port;
-    try {
-      health_server_ = std::make_unique<HealthServer>(o, health_);
-      log_->info("health check listening on {}:{} (GET /healthz)", o.host, health_server_->port());
-    } catch (const Error& e) {
-      // As torch's agent, whose health check never stops a job: the job runs
-      // on, and whoever polls the port sees no answer.
-      log_->warn("{}; the job runs without a health check", e.what());
-    }
-  } else if (!error.empty()) {
-    log_->warn("{}; the job runs without a health check", error);
+  const std::optional<int> health_port = health_check_port(c_.environment, &error);
+  if (!error.empty()) log_->warn("{}; the job runs without a health check", error);
+  start_status(health_port);
+}
+
+// One server per port asked for (TORCHELASTIC_HEALTH_CHECK_PORT, --status_port;
+// one when they are the same), each answering every endpoint.
+void ElasticAgent::Impl::start_status(std::optional<int> health_port) {
+  if (!health_port && !c_.status_port) return;
+  JobStatusOptions o;
+  o.run_id = c_.run_id;
+  o.rdzv_backend = c_.rdzv_backend;
+  o.host = host_;
+  o.max_restarts = c_.max_restarts;
+  o.hang_timeout_s = static_cast<double>(c_.hang_timeout.count()) / 1000.0;
+  job_ = std::make_shared<JobStatus>(std::move(o));
+  if (health_port) health_server_ = serve(*health_port, "health check");
+  if (c_.status_port && (!health_port || *c_.status_port != *health_port || *health_port == 0)) {
+    status_server_ = serve(*c_.status_port, "status endpoint");
   }
+  status_sampler_ =
+      std::make_unique<StatusSampler>(job_, [&rdzv = rdzv_] { return rdzv.hosted_stores(); });
+}
+
+std::unique_ptr<HealthServer> ElasticAgent::Impl::serve(int port, const char* what) {
+  HealthServerOptions o;
+  o.host = c_.status_host;
+  o.port = port;
+  try {
+    auto server = std::make_unique<HealthServer>(o, health_, job_);
+    const std::string where = o.host + ":" + std::to_string(server->port());
+    log_->info("{} listening on {} (GET /, /status, /metrics, /healthz, /readyz)", what, where);
+    return server;
+  } catch (const Error& e) {
+    // As torch's agent, whose health check never stops a job: the job runs
+    // on, and whoever polls the port sees no answer.
+    log_->warn("{}; the job runs without a {}", e.what(), what);
+    return nullptr;
+  }
+}
+
+void ElasticAgent::Impl::status_attempt_failed(const FailureRecord& root, int k) {
+  if (!job_) return;
+  StatusFailure f;
+  f.time = static_cast<double>(root.timestamp);
+  f.attempt = k;
+  f.rank = root.rank;
+  f.node = root.node_rank;
+  f.host = root.host;
+  f.cause = root.cause();
+  // When the failure happened: its node noticed the exit then (a hang: when
+  // the first rank stalled, which is no detection latency; now instead).
+  auto at = std::chrono::system_clock::now();
+  if (!root.hang && root.noticed_ns > 0) {
+    at = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::nanoseconds(root.noticed_ns)));
+  }
+  job_->attempt_failed(f, at, root.hang);
 }
 
 // ---------------------------------------------------------------------------

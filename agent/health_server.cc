@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "agent/job_status.h"
+#include "agent/status_page.h"
 #include "common/error.h"
 #include "common/json_text.h"
 #include "common/log.h"
@@ -124,6 +126,7 @@ class Connection;
 struct Shared {
   HealthServerOptions options;
   std::shared_ptr<const HealthStatus> status;
+  std::shared_ptr<const JobStatus> job;  // null: health endpoints only
   std::atomic<size_t> active{0};
   // Connections in the order they came, oldest first (the server's thread
   // alone touches it): past the bound the oldest makes room.
@@ -190,18 +193,31 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (method != "GET" && method != "HEAD") {
       return respond(405, "Method Not Allowed", R"({"error": "only GET"})", method == "HEAD");
     }
-    if (target != "/healthz" && target != "/readyz") {
-      return respond(404, "Not Found", R"({"error": "not found; try /healthz or /readyz"})",
-                     method == "HEAD");
+    const bool head = method == "HEAD";
+    if (target == "/healthz" || target == "/readyz") {
+      const bool ok = target == "/healthz" ? shared_->status->alive() : shared_->status->ready();
+      return respond(ok ? 200 : 503, ok ? "OK" : "Service Unavailable",
+                     shared_->status->to_json(std::chrono::system_clock::now()), head);
     }
-    const bool ok = target == "/healthz" ? shared_->status->alive() : shared_->status->ready();
-    respond(ok ? 200 : 503, ok ? "OK" : "Service Unavailable",
-            shared_->status->to_json(std::chrono::system_clock::now()), method == "HEAD");
+    const JobStatus* job = shared_->job.get();
+    if (job && target == "/metrics") {
+      return respond(200, "OK", job->metrics_text(), head,
+                     "text/plain; version=0.0.4; charset=utf-8");
+    }
+    if (job && target == "/status") return respond(200, "OK", job->status_json(), head);
+    if (job && (target == "/" || target == "/index.html")) {
+      return respond(200, "OK", status_page_html(), head, "text/html; charset=utf-8");
+    }
+    respond(404, "Not Found",
+            job ? R"({"error": "not found; try /, /status, /metrics, /healthz or /readyz"})"
+                : R"({"error": "not found; try /healthz or /readyz"})",
+            head);
   }
 
-  void respond(int code, const char* reason, const std::string& body, bool head_only = false) {
-    out_ = "HTTP/1.1 " + std::to_string(code) + " " + reason +
-           "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+  void respond(int code, const char* reason, const std::string& body, bool head_only = false,
+               const char* type = "application/json") {
+    out_ = "HTTP/1.1 " + std::to_string(code) + " " + reason + "\r\nContent-Type: " + type +
+           "\r\nContent-Length: " + std::to_string(body.size()) +
            "\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n";
     if (!head_only) out_ += body;
     // The answer is small; a client that does not read it is still bounded
@@ -235,10 +251,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 class HealthServer::Impl {
  public:
-  Impl(HealthServerOptions options, std::shared_ptr<const HealthStatus> status)
+  Impl(HealthServerOptions options, std::shared_ptr<const HealthStatus> status,
+       std::shared_ptr<const JobStatus> job)
       : shared_(std::make_shared<Shared>()), acceptor_(io_), retry_(io_) {
     shared_->options = std::move(options);
     shared_->status = std::move(status);
+    shared_->job = std::move(job);
     const auto& o = shared_->options;
     boost::system::error_code ec;
     const auto addr = asio::ip::make_address(o.host, ec);
@@ -323,8 +341,9 @@ class HealthServer::Impl {
   std::thread thread_;
 };
 
-HealthServer::HealthServer(HealthServerOptions options, std::shared_ptr<const HealthStatus> status)
-    : impl_(std::make_unique<Impl>(std::move(options), std::move(status))) {}
+HealthServer::HealthServer(HealthServerOptions options, std::shared_ptr<const HealthStatus> status,
+                           std::shared_ptr<const JobStatus> job)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(status), std::move(job))) {}
 
 HealthServer::~HealthServer() = default;
 

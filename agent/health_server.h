@@ -29,6 +29,13 @@
 //                  and the timers held (never the pipe's path: whoever
 //                  reaches the port could write to it)
 //
+// With a JobStatus (--status_port, agent/job_status.h) the same server also
+// answers
+//
+//   GET /metrics  ->  Prometheus' text exposition format (version 0.0.4)
+//   GET /status   ->  the job as this agent knows it (JSON)
+//   GET /         ->  a live page that draws /status (self-contained HTML)
+//
 // and 404 to any other path, 405 to any other method. torch's open-source
 // agent reads the same variable, but the server it starts answers no request;
 // the endpoint and its JSON are ours, documented in the README.
@@ -96,10 +103,15 @@ struct HealthServerOptions {
   size_t max_connections = 64;
 };
 
+class JobStatus;
+
 class HealthServer {
  public:
   // Binds and starts serving; throws IoError when the address cannot be bound.
-  HealthServer(HealthServerOptions options, std::shared_ptr<const HealthStatus> status);
+  // `job` (may be null: /metrics, /status and / are then 404) is the model
+  // behind --status_port's endpoints.
+  HealthServer(HealthServerOptions options, std::shared_ptr<const HealthStatus> status,
+               std::shared_ptr<const JobStatus> job = nullptr);
   // Stops: closes every connection and joins the thread (promptly: nothing
   // it runs blocks).
   ~HealthServer();

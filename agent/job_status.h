@@ -29,7 +29,8 @@
 //                 "reason": "failure", "detail": "rank 1 failed with exit code 3"}, ...],
 //    "hang": {"enabled": true, "timeout_s": 30.0, "stalled_s": 0.0},
 //    "store": {"role": "rendezvous", "connections": 4, "keys": 17,
-//              "requests": {"set": 10, "get": 20, ...}} or null}
+//              "requests": {"set": 10, "get": 20, ...}} or null,
+//    "stores": [every store this node hosts, as "store"]}
 //
 //   time, started, last_progress: seconds since the epoch (agent's clock);
 //   last_progress and stalled_s are null before the first sample.
@@ -41,6 +42,9 @@
 //   20, oldest first; history: the last 100 lifecycle events, oldest first
 //   ("rendezvous", "workers_started", "attempt_failed", "restart",
 //   "node_lost", "node_joined", "hang_detected", "finished").
+//   store: the first of stores (null: this node hosts none). Roles: "job"
+//   (static: node 0's, the agents' and the workers'), "rendezvous" (c10d:
+//   the endpoint's), "workers" (c10d: the round's, on group rank 0).
 //   Never the workers' environment or arguments.
 
 #include <sys/types.h>
@@ -60,6 +64,7 @@
 #include <vector>
 
 #include "agent/health_server.h"
+#include "rendezvous/handler.h"
 #include "store/tcp_store_server.h"
 
 namespace ctorchrun::agent {
@@ -96,11 +101,8 @@ struct StatusFailure {
   std::string cause;
 };
 
-// The store this node hosts, as its server counts.
-struct StoreFigures {
-  std::string role;  // "rendezvous" (the agents') or "workers" (MASTER_ADDR's)
-  store::TcpStoreServer::Stats stats;
-};
+// A store this node hosts, as its server counts.
+using StoreFigures = rendezvous::HostedStore;
 
 // A histogram with Prometheus' cumulative buckets (seconds).
 class Histogram {
@@ -131,6 +133,7 @@ class JobStatus {
  public:
   using Clock = std::chrono::system_clock;
   explicit JobStatus(JobStatusOptions options);
+  ~JobStatus();
 
   void set_phase(AgentPhase phase);
   void rendezvous_started();
@@ -150,7 +153,7 @@ class JobStatus {
   void finished(int exit_code);
   // The sampler's figures for each local rank (in local rank order).
   void set_samples(std::vector<StatusRank> ranks);
-  void set_store(std::optional<StoreFigures> store);
+  void set_stores(std::vector<StoreFigures> stores);
   void set_stalled(std::optional<double> stalled_s);
 
   std::vector<pid_t> pids() const;
@@ -171,7 +174,7 @@ class JobStatus {
 class StatusSampler {
  public:
   StatusSampler(std::shared_ptr<JobStatus> status,
-                std::function<std::optional<StoreFigures>()> store_figures,
+                std::function<std::vector<StoreFigures>()> store_figures,
                 std::chrono::milliseconds interval = std::chrono::milliseconds(1000),
                 std::string proc_root = "/proc");
   ~StatusSampler();
@@ -181,7 +184,7 @@ class StatusSampler {
  private:
   void loop();
   std::shared_ptr<JobStatus> status_;
-  std::function<std::optional<StoreFigures>()> store_figures_;
+  std::function<std::vector<StoreFigures>()> store_figures_;
   std::chrono::milliseconds interval_;
   std::string proc_root_;
   std::mutex mutex_;

@@ -130,6 +130,9 @@ struct LaunchConfig {
   // (TORCHELASTIC_HEALTH_CHECK_PORT's server); 0.0.0.0 so that a Kubernetes
   // probe reaches the pod's address.
   std::string status_host = "0.0.0.0";
+  // --status_port: the agent's HTTP endpoint (/metrics, /status, /, and the
+  // health check's); 0 picks a free port; unset: off (agent/job_status.h).
+  std::optional<int> status_port;
   // --virtual_local_rank: see WorkerPlacement::virtual_local_rank (agent/worker_env.h).
   bool virtual_local_rank = false;
   // --cpu_backend: "gloo" (the script's gloo groups as they are) or "ctorch"

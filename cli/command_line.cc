@@ -476,6 +476,7 @@ void set_rendezvous(const ParsedOptions& o, const SlurmFill& slurm, ParseOutcome
   }
   c.local_addr = o.at("local_addr").text;
   c.status_host = o.at("status_host").text;
+  if (o.at("status_port").given) c.status_port = static_cast<int>(o.at("status_port").integer);
 }
 
 // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, read as torch main reads it:

@@ -212,9 +212,15 @@ std::vector<OptionRow> own_rows() {
           "hook first on the workers' PYTHONPATH does it and then runs any other sitecustomize "
           "(README \"Unmodified scripts on ctorch\")")
           .with_choices({"gloo", "ctorch"}, true),
+      row("status_port", "--status-port,--status_port", V::kInteger, "",
+          "serve the agent's view of the job on this port: GET /metrics (Prometheus), /status "
+          "(JSON), / (a live page), /healthz and /readyz; 0 picks a free port (logged); off "
+          "when not given (README \"Observability\")")
+          .with_range(0, 65535),
       row("status_host", "--status-host,--status_host", V::kText, "0.0.0.0",
-          "address the agent's HTTP endpoints bind (TORCHELASTIC_HEALTH_CHECK_PORT's /healthz, "
-          "the agent alive, and /readyz, the workers running); 127.0.0.1 keeps them to this host"),
+          "address the agent's HTTP endpoints bind (--status_port's, and "
+          "TORCHELASTIC_HEALTH_CHECK_PORT's /healthz, the agent alive, and /readyz, the workers "
+          "running); 127.0.0.1 keeps them to this host"),
       row("slurm", "--slurm", V::kText, "auto",
           "auto: as a task of a Slurm job step (srun), the values not given take the step's "
           "topology (nnodes, node_rank, master, port, rdzv_id, nproc_per_node); on: the same, "

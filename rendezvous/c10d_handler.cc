@@ -307,15 +307,20 @@ C10dHandler::WorkersStore C10dHandler::publish_workers_store(const C10dRound& ro
       C10dState::round_key(round.generation, round.round, "workers_store");
   std::string workers_addr;
   int workers_port = 0;
-  workers_server_.reset();  // the last round's workers are stopped
+  {
+    std::lock_guard<std::mutex> lock(servers_mutex_);
+    workers_server_.reset();  // the last round's workers are stopped
+  }
   if (round.group_rank == 0) {
     workers_addr = options_.advertise_addr.empty() ? local_address_towards(addr, port)
                                                    : strip_brackets(options_.advertise_addr);
     store::ServerOptions so = options_.job.server;
     so.host = bind_address_for(workers_addr);  // IoError: not an address of this host
     so.port = 0;
-    workers_server_ = store::TcpStoreServer::start(so);
-    workers_port = workers_server_->port();
+    auto server = store::TcpStoreServer::start(so);
+    workers_port = server->port();
+    std::lock_guard<std::mutex> lock(servers_mutex_);
+    workers_server_ = std::move(server);
     job_->set(workers_key,
               json_text::dump_record({{"addr", workers_addr}, {"port", workers_port}}));
   } else {
@@ -488,6 +493,16 @@ void C10dHandler::set_up_ending(const C10dRound& round, RendezvousInfo& info) {
     }
     get_logger("rdzv")->debug("rendezvous '{}': {} waiting nodes told of the end", run_id, waiting);
   };
+}
+
+std::vector<HostedStore> C10dHandler::hosted_stores() {
+  std::vector<HostedStore> out;
+  if (coord_) {
+    if (auto stats = coord_->endpoint_stats()) out.push_back({"rendezvous", *stats});
+  }
+  std::lock_guard<std::mutex> lock(servers_mutex_);
+  if (workers_server_) out.push_back({"workers", workers_server_->stats()});
+  return out;
 }
 
 }  // namespace ctorchrun::rendezvous

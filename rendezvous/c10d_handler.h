@@ -54,6 +54,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +78,9 @@ class C10dHandler : public Handler {
   const std::string& run_id() const override { return options_.job.run_id; }
   // This agent's presence goes now (etcd-v3: its lease is revoked).
   void abandon() noexcept override;
+  // The endpoint's store ("rendezvous") when this agent hosts it, and the
+  // round's workers' store ("workers") on group rank 0.
+  std::vector<HostedStore> hosted_stores() override;
 
   // True when this agent hosts the endpoint's store (after next_rendezvous).
   bool hosts_endpoint() const { return coord_ && coord_->hosts_endpoint(); }
@@ -130,6 +134,7 @@ class C10dHandler : public Handler {
   std::shared_ptr<store::Store> presence_;
   std::string presence_key_;
   std::unique_ptr<store::TcpStoreServer> workers_server_;  // this round's, on group rank 0
+  std::mutex servers_mutex_;  // workers_server_'s changes against hosted_stores()
 };
 
 // How long one wait between two polls of a forming round may last: at most

@@ -71,6 +71,8 @@ class Coordination {
   virtual std::shared_ptr<store::Store> presence() const = 0;
   // Whether this agent hosts the endpoint's store (it then leaves last).
   virtual bool hosts_endpoint() const = 0;
+  // The endpoint's store's counts when this agent hosts it (any thread).
+  virtual std::optional<store::TcpStoreServer::Stats> endpoint_stats() { return std::nullopt; }
 
   // Where the workers' store's address is routed towards when --local_addr
   // is not given: the endpoint, or the first etcd member.

@@ -135,6 +135,12 @@ struct RendezvousInfo {
   std::function<void()> tidy;
 };
 
+// A store this node hosts, as its server counts (--status_port's figures).
+struct HostedStore {
+  std::string role;  // "job" (static), "rendezvous" (c10d's endpoint), "workers"
+  store::TcpStoreServer::Stats stats;
+};
+
 class Handler {
  public:
   virtual ~Handler() = default;
@@ -156,6 +162,10 @@ class Handler {
   // connections close by itself). Bounded by a few seconds, never throws;
   // may be called from another thread than the agent's.
   virtual void abandon() noexcept {}
+  // The stores this node hosts now, with their counts. Called from another
+  // thread than the agent's (its status sampler) while rounds form; may
+  // wait for a store's thread, never for the network.
+  virtual std::vector<HostedStore> hosted_stores() { return {}; }
 };
 
 }  // namespace ctorchrun::rendezvous

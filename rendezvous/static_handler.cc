@@ -142,7 +142,9 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     so.host = bind.front();
     so.also_hosts.assign(bind.begin() + 1, bind.end());
     so.port = static_cast<uint16_t>(options_.master_port);
-    server_ = store::TcpStoreServer::start(so);  // IoError names the address and port
+    auto server = store::TcpStoreServer::start(so);  // IoError names the address and port
+    std::lock_guard<std::mutex> lock(server_mutex_);
+    server_ = std::move(server);
     port = server_->port();
     endpoint = format_endpoint(addr, port);
     std::string where;
@@ -270,6 +272,12 @@ RendezvousInfo StaticHandler::next_rendezvous() {
     info.clear_worker_keys = [server, keep] { return server->erase_keys_except({keep}); };
   }
   return info;
+}
+
+std::vector<HostedStore> StaticHandler::hosted_stores() {
+  std::lock_guard<std::mutex> lock(server_mutex_);
+  if (!server_) return {};
+  return {{"job", server_->stats()}};
 }
 
 }  // namespace ctorchrun::rendezvous

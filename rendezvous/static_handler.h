@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "rendezvous/handler.h"
@@ -53,6 +54,8 @@ class StaticHandler : public Handler {
 
   RendezvousInfo next_rendezvous() override;
   const std::string& run_id() const override { return options_.job.run_id; }
+  // Node 0's store, the agents' and the workers' ("job").
+  std::vector<HostedStore> hosted_stores() override;
 
   // The agents' key namespace on the wire: keys of torch's clients never start
   // with it (theirs are "init/", "/<run_id>/", "//worker/", "/default_pg/").
@@ -68,6 +71,7 @@ class StaticHandler : public Handler {
 
   StaticOptions options_;
   std::unique_ptr<store::TcpStoreServer> server_;
+  std::mutex server_mutex_;  // server_'s assignment against hosted_stores()
 };
 
 }  // namespace ctorchrun::rendezvous

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -93,7 +94,15 @@ class TcpCoordination : public Coordination {
     };
   }
   std::shared_ptr<store::Store> presence() const override { return presence_; }
-  bool hosts_endpoint() const override { return server_ != nullptr; }
+  bool hosts_endpoint() const override {
+    std::lock_guard<std::mutex> lock(server_mutex_);
+    return server_ != nullptr;
+  }
+  std::optional<store::TcpStoreServer::Stats> endpoint_stats() override {
+    std::lock_guard<std::mutex> lock(server_mutex_);
+    if (!server_) return std::nullopt;
+    return server_->stats();
+  }
 
   Endpoint route_target() const override {
     return {strip_brackets(options_.endpoint_host), options_.endpoint_port};
@@ -119,7 +128,7 @@ class TcpCoordination : public Coordination {
   // is not this host's, it connects as a client. is_host=1 makes a failed
   // bind an IoError; is_host=0 never binds.
   void host_endpoint_if_ours() {
-    if (server_ || options_.is_host == false) return;
+    if (hosts_endpoint() || options_.is_host == false) return;
     auto log = get_logger("rdzv");
     const std::string addr = strip_brackets(options_.endpoint_host);
     std::vector<std::string> bind;
@@ -138,7 +147,9 @@ class TcpCoordination : public Coordination {
     so.port = static_cast<uint16_t>(options_.endpoint_port);
     try {
       // All or nothing: an agent of this host that holds any of them hosts.
-      server_ = store::TcpStoreServer::start(so);
+      auto server = store::TcpStoreServer::start(so);
+      std::lock_guard<std::mutex> lock(server_mutex_);
+      server_ = std::move(server);
       std::string where;
       for (const auto& h : server_->hosts()) where += (where.empty() ? "" : " and ") + h;
       log->info("hosting the rendezvous store on {} port {}", where, server_->port());
@@ -154,7 +165,9 @@ class TcpCoordination : public Coordination {
   std::string job_prefix_;
   std::shared_ptr<store::TcpStore> conn_;
   std::shared_ptr<store::Store> presence_;
-  std::unique_ptr<store::TcpStoreServer> server_;  // the endpoint's store, when ours
+  // The endpoint's store, when ours; the mutex for the status sampler's reads.
+  mutable std::mutex server_mutex_;
+  std::unique_ptr<store::TcpStoreServer> server_;
 };
 
 }  // namespace

@@ -22,6 +22,7 @@ packages=(
   debootstrap
   valgrind
   zsh tcsh
+  prometheus chromium
 )
 
 missing=()

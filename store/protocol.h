@@ -102,6 +102,7 @@ enum class Op : uint8_t {
   kList,
   kBindKeys,  // ctorchrun's extension
 };
+inline constexpr size_t kOpCount = static_cast<size_t>(Op::kBindKeys) + 1;
 
 const char* to_string(Op op);
 

@@ -840,6 +840,7 @@ void TcpStoreServer::Impl::store_value(std::string_view key, std::string_view va
 
 bool TcpStoreServer::Impl::execute(Connection& c, const protocol::Request& req, Refusal* why) {
   ++stats_.requests;
+  ++stats_.requests_by_op[static_cast<size_t>(req.op)];
   struct CurrentGuard {
     Connection*& current;
     ~CurrentGuard() { current = nullptr; }

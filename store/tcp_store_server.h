@@ -37,6 +37,7 @@
 // server's own. Methods that touch the key space run on the server thread and
 // block until done.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -110,6 +111,8 @@ class TcpStoreServer {
     // the keys satisfied, whatever the number of keys each WAIT names.
     uint64_t waiter_entries_examined = 0;
     uint64_t keys = 0;
+    // requests by operation, indexed by protocol::Op
+    std::array<uint64_t, protocol::kOpCount> requests_by_op{};
   };
   Stats stats();
 
