@@ -1242,7 +1242,7 @@ void ElasticAgent::Impl::form_round(const std::optional<rendezvous::MembershipCh
     std::vector<StatusNode> nodes;
     int first = 0;
     for (const auto& n : info_.nodes) {
-      nodes.push_back({n.group_rank, n.host, "present", n.local_world_size, first});
+      nodes.push_back({n.group_rank, n.host, "present", n.local_world_size, first, n.pid});
       first += n.local_world_size;
     }
     job_->round_formed(info_.round, attempt(), info_.group_rank, info_.group_world_size,

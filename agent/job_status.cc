@@ -193,8 +193,9 @@ void JobStatus::round_formed(int round, int attempt, int group_rank, int group_w
   // Members of the last round not in this one stay listed as lost or left.
   std::vector<StatusNode> gone;
   for (const auto& old : s.nodes) {
-    const bool kept = std::any_of(nodes.begin(), nodes.end(),
-                                  [&](const StatusNode& n) { return n.host == old.host; });
+    const bool kept = std::any_of(nodes.begin(), nodes.end(), [&](const StatusNode& n) {
+      return n.host == old.host && n.pid == old.pid;
+    });
     if (!kept && old.state != "present") gone.push_back(old);
   }
   s.round = round;
@@ -350,7 +351,8 @@ nlohmann::json nodes_json(const std::vector<StatusNode>& nodes) {
                    {"host", n.host},
                    {"state", n.state},
                    {"local_world_size", n.local_world_size},
-                   {"first_rank", n.first_rank}});
+                   {"first_rank", n.first_rank},
+                   {"pid", n.pid}});
   }
   return out;
 }

@@ -19,7 +19,7 @@
 //    "restarts": {"failure": 1, "hang": 0, "membership": 1, "scheduler": 0},
 //    "worker_failures": 1,
 //    "nodes": [{"group_rank": 0, "host": "node-a", "state": "present",
-//               "local_world_size": 2, "first_rank": 0}, ...],
+//               "local_world_size": 2, "first_rank": 0, "pid": 4242}, ...],
 //    "ranks": [{"local_rank": 0, "rank": 0, "pid": 123, "state": "running",
 //               "last_progress": 1764032105.0, "stalled_s": 0.3,
 //               "cpu_s": 1.2, "rss_bytes": 12345678}, ...],
@@ -79,6 +79,7 @@ struct StatusNode {
   std::string state = "present";
   int local_world_size = 0;
   int first_rank = 0;
+  int pid = 0;  // its agent's, which tells apart two nodes of one host
 };
 
 struct StatusRank {

@@ -71,7 +71,8 @@ inline std::optional<HttpReply> http_exchange(int port, const std::string& reque
 
 inline std::optional<HttpReply> http_get(int port, const std::string& path,
                                          std::chrono::milliseconds timeout) {
-  return http_exchange(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", timeout);
+  return http_exchange(
+      port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", timeout);
 }
 
 }  // namespace ctorchrun::testing
