@@ -345,3 +345,47 @@ TEST_CASE("slurm: under c10d a node lost with its slurmd is re-formed around and
   CHECK(lines_of(d + "/world.0") == std::vector<std::string>{"2", "1"});
   CHECK_FALSE(std::filesystem::exists(d + "/rc.1"));
 }
+
+TEST_CASE("slurm: every node's agent serves its view of the job on --status_port", "[slurm]") {
+  SlurmCluster cluster;
+  const std::string d = cluster.dir();
+  // One port for the job, as on a real cluster; each agent binds it on its
+  // own node's address (the nodes here are 127.0.0.X of one host).
+  const std::string port = std::to_string(daemon_port());
+  write_text(d + "/agent.sh",
+             "#!/bin/sh\naddr=$(getent hosts \"$SLURMD_NODENAME\" | cut -d' ' -f1)\nexec " +
+                 kCtorchrun + " --status_port=" + port + " --status_host=\"$addr\" --no_python " +
+                 d + "/worker.sh \"$addr\"\n",
+             0755);
+  // Each node's first worker reads its own agent's /status while it runs.
+  write_text(d + "/worker.sh",
+             "#!/bin/sh\n[ \"$LOCAL_RANK\" = 0 ] || exit 0\nexec /usr/bin/python3 -c '\n"
+             "import sys, time, urllib.request\n"
+             "for _ in range(100):\n"
+             "    try:\n"
+             "        b = urllib.request.urlopen(\"http://%s:" +
+                 port +
+                 "/status\" % sys.argv[1], timeout=5).read()\n"
+                 "        open(sys.argv[2], \"wb\").write(b)\n"
+                 "        break\n"
+                 "    except Exception:\n"
+                 "        time.sleep(0.1)\n' \"$1\" " +
+                 d + "/status.$GROUP_RANK\n",
+             0755);
+  const std::string job =
+      cluster.sbatch({"-N2", "-o", d + "/status.out"}, script("srun " + d + "/agent.sh"));
+  const std::string state = cluster.wait_for_job_end(job, 90s);
+  INFO(read_text(d + "/status.out") << cluster.logs());
+  REQUIRE(state == "COMPLETED");
+  for (int node = 0; node < 2; ++node) {
+    const std::string text = read_text(d + "/status." + std::to_string(node));
+    INFO("node " << node << ": " << text);
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    REQUIRE(j.is_object());
+    CHECK(j["node_rank"] == node);
+    CHECK(j["world_size"] == 2);
+    CHECK(j["state"] == "running");
+    CHECK(j["nodes"].size() == 2);
+    CHECK(j["run_id"].get<std::string>().rfind(job + ".", 0) == 0);  // the step: job.step
+  }
+}

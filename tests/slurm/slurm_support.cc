@@ -433,4 +433,6 @@ std::string SlurmCluster::logs() const {
   return out;
 }
 
+int daemon_port() { return free_port(); }
+
 }  // namespace ctorchrun::testing

@@ -34,6 +34,9 @@ void write_text(const std::string& path, const std::string& text, int mode = 064
 // Waits (bounded) until the file at `path` has at least `n` lines.
 bool wait_for_lines(const std::string& path, size_t n, std::chrono::milliseconds timeout);
 std::vector<std::string> lines_of(const std::string& path);
+// A port free a moment ago on every address, below the ports ctorchrun
+// derives for steps (for a daemon or an agent's endpoint).
+int daemon_port();
 
 class SlurmCluster {
  public:
