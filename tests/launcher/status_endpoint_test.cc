@@ -15,6 +15,7 @@
 #include "tests/launcher/launcher_support.h"
 #include "tests/support/etcd_server.h"
 #include "tests/support/http_get.h"
+#include "tests/support/raw_client.h"
 
 using namespace ctorchrun::testing;
 using namespace std::chrono_literals;
@@ -190,6 +191,30 @@ TEST_CASE("status port: a port already taken is a warning and the job runs witho
   CHECK(r.exit_code == 0);
   CHECK(count_lines_with(r.output, "without a status endpoint") == 1);
   CHECK(r.output.find(std::to_string(port)) != std::string::npos);
+}
+
+TEST_CASE(
+    "status port: an agent stopped while clients hold half-sent requests exits at once and "
+    "closes them",
+    "[multiproc]") {
+  TempDir d;
+  const int port = free_port();
+  auto job = start_ctorchrun(concat(
+      {"--nproc_per_node=1", "--status_port=" + std::to_string(port), "--status_host=127.0.0.1"},
+      worker(d.file("seen"), d.file("stop"))));
+  REQUIRE(wait_for_lines(d.file("seen"), 1, 60s));
+  REQUIRE(wait_for_port(port, 30s));
+  RawClient half(port);
+  REQUIRE(half.send("GET /metr"));  // never finished
+  RawClient garbage(port);
+  REQUIRE(garbage.send(std::string("\x16\x03\x01\x00\xff", 5)));  // a TLS hello, say
+  auto r = http_get(port, "/status", 5s);
+  REQUIRE(r.has_value());
+  CHECK(r->status == 200);
+  job->signal(SIGTERM);
+  CHECK(job->exit_code(30s) == 143);  // the clients hold nothing up
+  CHECK(half.closed_within(5s));
+  CHECK(garbage.closed_within(5s));
 }
 
 TEST_CASE("status port: out of range is a usage error", "[multiproc]") {
