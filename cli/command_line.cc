@@ -1,5 +1,6 @@
 #include "cli/command_line.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
@@ -445,6 +446,22 @@ void set_standalone(const ParsedOptions& o, agent::LaunchConfig* c) {
 }
 
 // The backend, its endpoint and --rdzv_conf.
+// --status_host and --status_port: the agent's HTTP endpoints bind an IP
+// address, which is checked here so that a typo is a usage error, not a
+// warning once the job runs.
+void set_status(const ParsedOptions& o, agent::LaunchConfig* c) {
+  c->status_host = o.at("status_host").text;
+  const std::string host = rendezvous::strip_brackets(c->status_host);
+  in6_addr any{};
+  if (::inet_pton(AF_INET, host.c_str(), &any) != 1 &&
+      ::inet_pton(AF_INET6, host.c_str(), &any) != 1) {
+    throw UsageError(o.name("status_host") + ": '" + c->status_host +
+                     "' is no IP address (0.0.0.0, ::, 127.0.0.1 or one of this host's)");
+  }
+  c->status_host = host;
+  if (o.at("status_port").given) c->status_port = o.at("status_port").integer;
+}
+
 void set_rendezvous(const ParsedOptions& o, const SlurmFill& slurm, ParseOutcome* out) {
   agent::LaunchConfig& c = out->config;
   c.run_id = o.at("rdzv_id").text;
@@ -475,8 +492,7 @@ void set_rendezvous(const ParsedOptions& o, const SlurmFill& slurm, ParseOutcome
     c.etcd_key.clear();
   }
   c.local_addr = o.at("local_addr").text;
-  c.status_host = o.at("status_host").text;
-  if (o.at("status_port").given) c.status_port = static_cast<int>(o.at("status_port").integer);
+  set_status(o, &c);
 }
 
 // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, read as torch main reads it:

@@ -217,11 +217,22 @@ TEST_CASE(
   CHECK(garbage.closed_within(5s));
 }
 
-TEST_CASE("status port: out of range is a usage error", "[multiproc]") {
+TEST_CASE("status port: a port out of range or a host that is no address is a usage error",
+          "[multiproc]") {
   auto r = run_ctorchrun({"--status_port=70000", "--no_python", "/bin/true"}, {}, 30s);
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("--status_port") != std::string::npos);
+  r = run_ctorchrun({"--status_port=0", "--status_host=node-a", "--no_python", "/bin/true"}, {},
+                    30s);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--status_host: 'node-a' is no IP address") != std::string::npos);
+  r = run_ctorchrun({"--status_port=0", "--status_host=[::1]", "--no_python", "/bin/true"}, {},
+                    30s);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("status endpoint listening on ::1:") != std::string::npos);
 }
 
 TEST_CASE("status port: a c10d agent shows the node it lost and the re-formed round",
