@@ -92,7 +92,9 @@ C10dHandler::~C10dHandler() {
 }
 
 void C10dHandler::abandon() noexcept {
-  if (coord_) coord_->abandon();
+  // From the signal thread too, while the agent's thread may be making
+  // coord_: the pointer published once it is whole.
+  if (Coordination* coord = coord_live_.load()) coord->abandon();
 }
 
 void C10dHandler::renew_presence() {
@@ -104,6 +106,7 @@ RendezvousInfo C10dHandler::next_rendezvous() {
   CTORCHRUN_CHECK(!state_, "C10dHandler::next_rendezvous() called twice; use next_round()");
   auto log = get_logger("rdzv");
   coord_ = make_coordination(options_);
+  coord_live_.store(coord_.get());
   coord_->open();
   endpoint_ = coord_->describe();
   job_prefix_ = coord_->job_prefix();
@@ -497,8 +500,8 @@ void C10dHandler::set_up_ending(const C10dRound& round, RendezvousInfo& info) {
 
 std::vector<HostedStore> C10dHandler::hosted_stores() {
   std::vector<HostedStore> out;
-  if (coord_) {
-    if (auto stats = coord_->endpoint_stats()) out.push_back({"rendezvous", *stats});
+  if (Coordination* coord = coord_live_.load()) {  // the status sampler's thread
+    if (auto stats = coord->endpoint_stats()) out.push_back({"rendezvous", *stats});
   }
   std::lock_guard<std::mutex> lock(servers_mutex_);
   if (workers_server_) out.push_back({"workers", workers_server_->stats()});

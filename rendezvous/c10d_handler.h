@@ -51,6 +51,7 @@
 // node arrived, within the closed window, or while it waited), Error (the
 // endpoint's store was lost while the round formed).
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -122,6 +123,8 @@ class C10dHandler : public Handler {
   // what it gives: the agents' store and further connections to it under a
   // prefix, for threads of their own.
   std::unique_ptr<Coordination> coord_;
+  // coord_, for abandon() and hosted_stores() on any thread
+  std::atomic<Coordination*> coord_live_{nullptr};
   std::string endpoint_;  // coord_->describe(), for messages
   std::string job_prefix_;
   std::shared_ptr<store::Store> conn_;

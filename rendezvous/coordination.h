@@ -23,9 +23,11 @@
 // store may stay silent before the job ends; the end-of-job tidy; and giving
 // up presence at once when the agent leaves.
 //
-// Threads: open(), renew() and abandon() run on the agent's thread; the
-// functions returned (background, membership_check's result, tidy) may be
-// called from any thread and own what they need.
+// Threads: open() and renew() run on the agent's thread; abandon() also
+// runs on the signal thread (a signal while no workers run), at any time,
+// even while open() runs; the functions returned (background,
+// membership_check's result, tidy) may be called from any thread and own
+// what they need.
 
 #include <chrono>
 #include <functional>

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,7 +50,10 @@ class EtcdCoordination : public Coordination {
     } catch (const IoError& e) {
       throw Error("cannot reach the etcd cluster (" + list_ + "): " + e.what());
     }
-    lease_store_ = presence;
+    {
+      std::lock_guard<std::mutex> lock(lease_mutex_);
+      lease_store_ = presence;
+    }
     presence_ = std::make_shared<store::PrefixStore>(job_prefix_, presence);
   }
 
@@ -198,9 +202,15 @@ class EtcdCoordination : public Coordination {
 
   // Revokes the presence lease, so that this agent's keys go now.
   void abandon() noexcept override {
-    if (!lease_store_) return;
+    std::shared_ptr<etcd::EtcdStore> lease_store;
+    {
+      // The signal thread may call this while the agent's thread opens.
+      std::lock_guard<std::mutex> lock(lease_mutex_);
+      lease_store = lease_store_;
+    }
+    if (!lease_store) return;
     try {
-      const std::int64_t lease = lease_store_->lease_id();
+      const std::int64_t lease = lease_store->lease_id();
       if (lease == 0) return;
       // A client of its own with a short timeout: the agent's may be busy or
       // waiting on a member that does not answer.
@@ -221,6 +231,7 @@ class EtcdCoordination : public Coordination {
   std::shared_ptr<etcd::EtcdStore> conn_;
   // The store whose keys live on this agent's lease (presence_ wraps it).
   std::shared_ptr<etcd::EtcdStore> lease_store_;
+  std::mutex lease_mutex_;  // lease_store_'s assignment against abandon()
   std::shared_ptr<store::Store> presence_;
   std::chrono::milliseconds lease_ttl_{0};
 };
