@@ -113,6 +113,7 @@ class JobMonitor {
     std::optional<std::string> internal_error;
     std::optional<rendezvous::MembershipChange> membership_change;
   };
+  class Pass;  // the thread's work, one method per duty (job_monitor.cc)
   static void loop(const std::shared_ptr<State>& state);
   static void run_loop(const std::shared_ptr<State>& state);
 
