@@ -400,9 +400,14 @@ class ElasticAgent::Impl {
 void ElasticAgent::Impl::on_signal(int sig) {
   std::lock_guard<std::mutex> lock(phase_mutex_);
   if (workers_running_) {
-    if (is_scheduler_signal(c_, sig)) {
+    if (is_scheduler_signal(c_, sig) && c_.scheduler_reaches_workers) {
       log_->warn("received {} from {}: the workers have it too; waiting up to {}ms for them",
                  signal_name(sig), c_.scheduler, c_.shutdown_timeout.count());
+    } else if (is_scheduler_signal(c_, sig)) {
+      log_->warn(
+          "received {} from {}, whose process-group tracking (proctrack/pgid) does not reach "
+          "the workers: forwarding it to them",
+          signal_name(sig), c_.scheduler);
     } else {
       log_->warn("received {}: forwarding it to the workers", signal_name(sig));
     }
@@ -701,7 +706,9 @@ std::vector<worker::WorkerExit> ElasticAgent::Impl::stop_workers(int sig, int at
   // Always: it also kills what exited workers left behind in their groups.
   // The scheduler signalled the workers itself: send nothing (0), wait, then
   // SIGKILL.
-  if (sig != SIGKILL && is_scheduler_signal(c_, pending_signal_)) sig = 0;
+  if (sig != SIGKILL && is_scheduler_signal(c_, pending_signal_) && c_.scheduler_reaches_workers) {
+    sig = 0;
+  }
   auto t0 = Clock::now();
   auto stopped = launcher_.stop(sig, c_.shutdown_timeout);
   if (!stopped.empty()) {

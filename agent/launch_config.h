@@ -84,6 +84,11 @@ struct LaunchConfig {
   // doing, not a failure worth a restart.
   std::string scheduler;
   std::vector<int> scheduler_signals;
+  // Whether the scheduler's signals reach the workers, which run in sessions
+  // of their own: Slurm's proctrack/cgroup and proctrack/linuxproc do,
+  // proctrack/pgid signals the task's process group alone. When false the
+  // agent forwards each scheduler signal itself (once).
+  bool scheduler_reaches_workers = true;
 
   // The environment workers inherit (the launcher's, plus what the command
   // line decided, such as OMP_NUM_THREADS=1); the agent adds torchrun's

@@ -528,6 +528,8 @@ void set_stopping(const ParsedOptions& o, const std::map<std::string, std::strin
     // Slurm signals every process of the step itself (scancel, preemption,
     // --signal=SIG@T, srun's Ctrl-C): the workers have their copy already.
     c->scheduler_signals = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+    // Unless Slurm tracks the task by its process group alone.
+    c->scheduler_reaches_workers = slurm_signals_reach_workers(read_slurm_conf(env));
     for (int s : {SIGUSR1, SIGUSR2}) {
       if (std::find(c->signals_to_handle.begin(), c->signals_to_handle.end(), s) ==
           c->signals_to_handle.end()) {

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <charconv>
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 
 #include "common/error.h"
 
@@ -308,6 +310,44 @@ SlurmTopology resolve_slurm(SlurmMode mode, const SlurmGiven& given,
   t.active = true;
   fill_from_step(given, env, step_nodes, &t);
   return t;
+}
+
+bool slurm_signals_reach_workers(const std::string& slurm_conf) {
+  std::istringstream in(slurm_conf);
+  std::string line;
+  bool reach = true;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    auto trim = [](std::string t) {
+      const auto space = [](unsigned char c) { return std::isspace(c) != 0; };
+      t.erase(t.begin(), std::find_if_not(t.begin(), t.end(), space));
+      t.erase(std::find_if_not(t.rbegin(), t.rend(), space).base(), t.end());
+      std::transform(t.begin(), t.end(), t.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      return t;
+    };
+    // slurm.conf keys are case-insensitive; the last setting wins.
+    if (trim(line.substr(0, eq)) == "proctracktype") {
+      reach = trim(line.substr(eq + 1)) != "proctrack/pgid";
+    }
+  }
+  return reach;
+}
+
+std::string read_slurm_conf(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> paths = {"/run/slurm/conf/slurm.conf", "/etc/slurm/slurm.conf"};
+  auto it = env.find("SLURM_CONF");
+  if (it != env.end() && !it->second.empty()) paths.insert(paths.begin(), it->second);
+  for (const auto& path : paths) {
+    std::ifstream in(path);
+    if (!in) continue;
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  return "";
 }
 
 }  // namespace ctorchrun::cli

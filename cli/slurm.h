@@ -89,4 +89,16 @@ SlurmTopology resolve_slurm(SlurmMode mode, const SlurmGiven& given,
 // (numbered in sequence) never share a port.
 int slurm_port(const std::string& job_id, const std::string& step_id);
 
+// Whether Slurm's signals to a task (scancel, preemption, --signal, srun's
+// Ctrl-C) reach the workers, which run in sessions of their own: false only
+// under ProctrackType=proctrack/pgid, which signals the task's process group
+// alone. `slurm_conf` is the text of the slurm.conf the step uses (empty:
+// none readable, Slurm's default proctrack/cgroup). Pure.
+bool slurm_signals_reach_workers(const std::string& slurm_conf);
+
+// The text of the slurm.conf the step uses: $SLURM_CONF, the configless
+// cache /run/slurm/conf/slurm.conf, /etc/slurm/slurm.conf; empty when none
+// is readable.
+std::string read_slurm_conf(const std::map<std::string, std::string>& env);
+
 }  // namespace ctorchrun::cli

@@ -160,9 +160,13 @@ TEST_CASE("slurm: several tasks per node are refused on every task and no worker
   CHECK_FALSE(std::filesystem::exists(d + "/worker_started"));
 }
 
-TEST_CASE("slurm: scancel reaches each worker once and the agents exit as stopped by the scheduler",
-          "[slurm]") {
-  SlurmCluster cluster;
+namespace {
+
+// srun -N2 of an agent with 2 signal-recording workers each, scancel'ed: each
+// worker must get SIGTERM once (Slurm's copy, or the agent's where Slurm's
+// tracking does not reach the workers), checkpoint, and every agent exit 75.
+void scancel_reaches_each_worker_once(const std::string& proctrack) {
+  SlurmCluster cluster(proctrack);
   const std::string d = cluster.dir();
   // srun as the job itself (no batch step), each agent behind a shell that
   // records its exit code; the shell's trap keeps it alive until then.
@@ -196,10 +200,24 @@ TEST_CASE("slurm: scancel reaches each worker once and the agents exit as stoppe
   for (int rank = 0; rank < 4; ++rank) {
     auto lines = lines_of(d + "/sig.0." + std::to_string(rank));
     INFO("rank " << rank);
-    REQUIRE(lines.size() == 1);  // once: Slurm's copy, none forwarded by the agent
+    REQUIRE(lines.size() == 1);  // once: Slurm's copy or the agent's, never both
     CHECK(lines[0].rfind("SIGTERM", 0) == 0);
   }
   CHECK(std::filesystem::exists(d + "/ckpt.json"));
+}
+
+}  // namespace
+
+TEST_CASE("slurm: scancel reaches each worker once and the agents exit as stopped by the scheduler",
+          "[slurm]") {
+  scancel_reaches_each_worker_once("proctrack/linuxproc");  // Slurm signals every process
+}
+
+TEST_CASE(
+    "slurm: under proctrack/pgid, which signals the task's process group alone, the agent "
+    "forwards scancel's signal and each worker gets it once",
+    "[slurm]") {
+  scancel_reaches_each_worker_once("proctrack/pgid");
 }
 
 TEST_CASE("slurm: a time-limit signal checkpoints and the README's sbatch script requeues the job",

@@ -235,7 +235,8 @@ CommandResult run_command(const std::vector<std::string>& argv,
   return r;
 }
 
-SlurmCluster::SlurmCluster() : dir_("slurm", TempDir::Access::kAllUsers) {
+SlurmCluster::SlurmCluster(std::string proctrack)
+    : dir_("slurm", TempDir::Access::kAllUsers), proctrack_(std::move(proctrack)) {
   const auto t0 = Clock::now();
   ensure_hosts_entries();
   const std::string d = dir_.path;
@@ -290,7 +291,7 @@ SlurmCluster::SlurmCluster() : dir_("slurm", TempDir::Access::kAllUsers) {
        << "SlurmctldLogFile=" << d << "/slurmctld.log\n"
        << "SlurmdLogFile=" << d << "/slurmd.%n.log\n"
        << "SlurmctldDebug=info\nSlurmdDebug=info\n"
-       << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+       << "ProctrackType=" << proctrack_ << "\nTaskPlugin=task/none\n"
        << "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
        << "SchedulerType=sched/backfill\nMpiDefault=none\n"
        << "JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none\n"

@@ -42,7 +42,8 @@ class SlurmCluster {
  public:
   // Starts everything and waits (bounded) until the four nodes are idle;
   // throws std::runtime_error saying what did not start (with its log).
-  SlurmCluster();
+  // `proctrack`: how slurmd tracks a task's processes (what scancel reaches).
+  explicit SlurmCluster(std::string proctrack = "proctrack/linuxproc");
   ~SlurmCluster();
   SlurmCluster(const SlurmCluster&) = delete;
   SlurmCluster& operator=(const SlurmCluster&) = delete;
@@ -79,6 +80,7 @@ class SlurmCluster {
   pid_t slurmctld_ = -1;
   std::vector<pid_t> slurmd_;
   long start_ms_ = 0;
+  std::string proctrack_;
   bool node_killed_ = false;
 };
 

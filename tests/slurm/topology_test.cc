@@ -224,3 +224,18 @@ TEST_CASE("slurm: refusals on the command line are usage errors (exit 2)", "[uni
   out = ctorchrun::testing::parse({"--slurm=maybe", "train.py"}, {});
   CHECK(out.exit_code == 2);
 }
+
+TEST_CASE("slurm: the agent forwards the scheduler's signals only under proctrack/pgid", "[unit]") {
+  using ctorchrun::cli::slurm_signals_reach_workers;
+  CHECK(slurm_signals_reach_workers(""));  // no slurm.conf readable: Slurm's default, cgroup
+  CHECK(slurm_signals_reach_workers("ProctrackType=proctrack/cgroup\n"));
+  CHECK(slurm_signals_reach_workers("ProctrackType=proctrack/linuxproc\n"));
+  CHECK_FALSE(slurm_signals_reach_workers("ProctrackType=proctrack/pgid\n"));
+  // Keys are case-insensitive, spaces and comments ignored, the last wins.
+  CHECK_FALSE(
+      slurm_signals_reach_workers("# ProctrackType=proctrack/cgroup\n"
+                                  "  proctracktype = Proctrack/PGID  # tracked by pgid\n"));
+  CHECK(slurm_signals_reach_workers(
+      "ProctrackType=proctrack/pgid\nProctrackType=proctrack/cgroup\n"));
+  CHECK(slurm_signals_reach_workers("#ProctrackType=proctrack/pgid\n"));
+}
