@@ -33,8 +33,9 @@
 // member whose workers run stops them; one that reads the roster later finds
 // its attempt failed); a node is killed (its bound keys vanish and their
 // gone markers appear: testing::BoundKeyStore); a node stalls for a while
-// and resumes; a member leaves on purpose (withdraws its presence and record;
-// the others notice, as the agent does, and re-form); a member killed or
+// and resumes (a transient freeze: SIGSTOP, a VM pause, a swap storm, in any
+// phase: forming, running, stopping its workers); a member leaves on purpose (withdraws its
+// presence and record; the others notice, as the agent does, and re-form); a member killed or
 // leaving fails the other members' workers too, half the times (their peer
 // vanished): either at once, before any watch noticed the loss, or each
 // member's as its watch notices it (the agent then handles the failure
@@ -57,6 +58,8 @@
 //    job does not run and MIN nodes wait, not when it runs below MAX;
 //  - no call waits for a key that nobody will write (a waiting read of a
 //    missing key: it would wait for the store's timeout);
+//  - no call ends in an InternalError, whatever the faults (the agent would
+//    exit 70, "a bug of ours", with no restart and no summary);
 //  - after the job ends, no round forms and each waiting node learns the end
 //    within a poll;
 //  - the restart budget: every agent with no failure pending, running a
@@ -512,6 +515,8 @@ class Sim {
       disturbed();
       end_agent(a, std::string("exits: poll lost the store (") + e.what() + ")");
       return;
+    } catch (const InternalError& e) {
+      violate(std::string("internal error (a bug of ours, exit 70 in the agent): ") + e.what());
     } catch (const Error& e) {
       violate(a.name() + " poll() threw: " + e.what());
     }
@@ -597,6 +602,8 @@ class Sim {
       violate(a.name() + " watch of round " + std::to_string(a.round->round) + ": " + e.what());
     } catch (const ProtocolError& e) {
       violate(a.name() + " watch threw: " + e.what());
+    } catch (const InternalError& e) {
+      violate(std::string("internal error (a bug of ours, exit 70 in the agent): ") + e.what());
     } catch (const Error& e) {
       event(a.name() + " watch error, opened anew: " + e.what());
       a.watch.reset();
@@ -700,6 +707,8 @@ class Sim {
         // As C10dHandler's mark_finishing: presence and record withdrawn,
         // the done key held.
         C10dRoundWatch::finish(*a->presence, *a->round);
+      } catch (const InternalError& e) {
+        violate(std::string("internal error (a bug of ours, exit 70 in the agent): ") + e.what());
       } catch (const Error& e) {
         event(a->name() + " could not mark the attempt finishing: " + e.what());
         end_job_at_ = now_ + 2'000;
@@ -714,6 +723,8 @@ class Sim {
     int waiting = -1;
     try {
       waiting = members[0]->state->close("succeeded");
+    } catch (const InternalError& e) {
+      violate(std::string("internal error (a bug of ours, exit 70 in the agent): ") + e.what());
     } catch (const Error& e) {
       // Lost after the marker was written: the job ended all the same.
       event(members[0]->name() + " close: " + e.what());
@@ -905,6 +916,8 @@ class Sim {
     std::vector<NodeInfo> nodes;
     try {
       nodes = C10dState::read_members(*store_, r);
+    } catch (const InternalError& e) {
+      violate(std::string("internal error (a bug of ours, exit 70 in the agent): ") + e.what());
     } catch (const Error& e) {
       violate("round " + std::to_string(r.round) + "'s member list: " + e.what());
       return;
