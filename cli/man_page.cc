@@ -111,7 +111,13 @@ std::string help_options(const std::string& text) {
       out += roff_escape(line.substr(start)) + "\n";
       continue;
     }
-    const size_t gap = line.find("  ", start);
+    // CLI11 starts descriptions at column 30: a name that fills the column
+    // leaves one space before its description, not two.
+    constexpr size_t kColumn = 30;
+    size_t gap = line.find("  ", start);
+    if ((gap == std::string::npos || gap > kColumn) && line.size() > kColumn &&
+        line[kColumn - 1] == ' ' && line[kColumn] != ' ')
+      gap = kColumn - 1;
     const std::string spec = line.substr(start, gap == std::string::npos ? gap : gap - start);
     const size_t space = spec.find(' ');
     out += ".TP\n\\fB" + roff_escape(spec.substr(0, space)) + "\\fR";
@@ -178,7 +184,8 @@ std::string man_page_from_help(const std::string& name, const std::string& help)
   for (size_t i = 1; i < lines.size(); ++i) {
     const std::string& line = lines[i];
     if (line.rfind("Usage: ", 0) == 0) {
-      usage = line.substr(7);
+      usage = line.substr(7);  // "path/to/name [OPTIONS]": the page says "name [OPTIONS]"
+      usage = name + (usage.find(' ') == std::string::npos ? "" : usage.substr(usage.find(' ')));
       part = kUsage;
     } else if (line == "Options:") {
       part = kOptions;

@@ -52,13 +52,14 @@ TEST_CASE("man page: a page from CLI11's --help, help2man-like", "[unit]") {
       "More words about it.\n"
       "\n"
       "Exit codes: 0 stopped, 2 usage error.\n"
-      "Usage: tool [OPTIONS]\n"
+      "Usage: build/bin/tool [OPTIONS]\n"
       "\n"
       "Options:\n"
       "  -h,--help                   Print this help message and exit\n"
       "  --port INT:INT in [0 - 65535]=29500\n"
       "                              port to listen on\n"
-      "  --host TEXT=0.0.0.0         address to bind\n";
+      "  --host TEXT=0.0.0.0         address to bind\n"
+      "  --fail-rank INT:NONNEGATIVE the rank that fails\n";
   const std::string page = man_page_from_help("tool", help);
   CHECK(page.rfind(".TH TOOL 1 ", 0) == 0);
   CHECK(page.find(".SH NAME\ntool \\- serves things over TCP\n") != std::string::npos);
@@ -71,6 +72,9 @@ TEST_CASE("man page: a page from CLI11's --help, help2man-like", "[unit]") {
   CHECK(page.find(".TP\n\\fB\\-\\-port\\fR INT:INT in [0 \\- 65535]=29500\nport to listen on\n") !=
         std::string::npos);
   CHECK(page.find(".TP\n\\fB\\-\\-host\\fR TEXT=0.0.0.0\naddress to bind\n") != std::string::npos);
+  // A name as wide as CLI11's column: one space before the description.
+  CHECK(page.find(".TP\n\\fB\\-\\-fail\\-rank\\fR INT:NONNEGATIVE\nthe rank that fails\n") !=
+        std::string::npos);
 }
 
 }  // namespace
