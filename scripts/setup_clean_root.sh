@@ -18,8 +18,7 @@ set -euo pipefail
 root=${CTORCHRUN_CLEAN_ROOT:-/var/lib/ctorchrun/bookworm-clean}
 marker="$root/.ctorchrun-clean-complete"
 # Downloaded, not installed: what the package tests add to their copy.
-cached=(man-db g++ cmake libboost-filesystem1.74.0 libgloo0 libspdlog1.10 libfmt9 libssl3
-  python3 python3-venv)
+cached=(man-db g++ cmake make libgloo0 libspdlog1.10-fmt9 libfmt9 libssl3 libstdc++6 libgcc-s1)
 need_kb=$((1024 * 1024))
 
 say() { echo "setup_clean_root: $*"; }
