@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs every dependency of ctorchrun by name with apt, then the Debian 13
-# root with torch 2.6 that the torch2 tests run (scripts/setup_torch2.sh).
+# root with torch 2.6 that the torch2 tests run (scripts/setup_torch2.sh) and
+# the clean Debian 12 root the package tests install into
+# (scripts/setup_clean_root.sh).
 # Idempotent: when everything is already installed it checks and returns
 # quietly.
 set -euo pipefail
@@ -22,6 +24,7 @@ packages=(
   debootstrap
   valgrind
   zsh tcsh
+  dpkg-dev lintian
 )
 
 missing=()
@@ -42,3 +45,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 "$(dirname "$0")/setup_torch2.sh"
+"$(dirname "$0")/setup_clean_root.sh"
