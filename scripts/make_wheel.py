@@ -53,6 +53,11 @@ def main():
     path = binary()
     if path is None:
         sys.exit("ctorchrun: the ctorchrun binary is not installed next to this package")
+    # The workers run on this interpreter, as torchrun's do, unless told
+    # otherwise: ctorchrun alone takes python3 from PATH, which need not be
+    # this one when the venv is not activated.
+    if not os.environ.get("CTORCHRUN_PYTHON") and not os.environ.get("PYTHON_EXEC"):
+        os.environ["CTORCHRUN_PYTHON"] = sys.executable
     os.execv(path, [path] + sys.argv[1:])
 
 

@@ -4,7 +4,9 @@
 # pip installs it with no index into a fresh venv (with the system's site
 # packages, so Debian's torch is there) as a user who is not root; ctorchrun
 # and `python -m ctorchrun` work from the venv, a torch script runs under
-# it with the venv's python picked by default, its binaries need only the C
+# it with the venv's python picked by default (python3 first on PATH; with
+# python -m, that python even when the venv is not activated), its binaries
+# need only the C
 # library, and they run on the clean Debian 12 root too.
 set -euo pipefail
 wheel=$(realpath "$1")
@@ -85,7 +87,10 @@ out=$(as_user ctorchrun --nproc_per_node=2 "$tmp/job.py" 2>"$tmp/job.log") ||
 for rank in 0 1; do
   echo "$out" | grep -qx "rank $rank sum 3 prefix $venv" || fail "rank $rank did not run on the venv's python: '$out'"
 done
-out=$(as_user python -m ctorchrun --nproc_per_node=1 "$tmp/job.py" 2>"$tmp/job.log") ||
+# python -m ctorchrun from a venv that is not activated (its bin/ not on
+# PATH): the workers still run on that python.
+out=$(runuser -u "$user" -- env -i HOME="$home" PATH=/usr/bin:/bin \
+  "$venv/bin/python" -m ctorchrun --nproc_per_node=1 "$tmp/job.py" 2>"$tmp/job.log") ||
   { tail -20 "$tmp/job.log"; fail "the torch job under python -m ctorchrun failed"; }
 echo "$out" | grep -qx "rank 0 sum 1 prefix $venv" || fail "python -m ctorchrun: '$out'"
 
