@@ -78,7 +78,8 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([dist.get_rank() + 1.0])
 dist.all_reduce(t)
-print(f"rank {dist.get_rank()} sum {t.item():g} prefix {sys.prefix}")
+# One write per line: the workers share ctorchrun's stdout.
+sys.stdout.write(f"rank {dist.get_rank()} sum {t.item():g} prefix {sys.prefix}\n")
 dist.destroy_process_group()
 EOT
 chown "$user" "$tmp/job.py"
