@@ -46,6 +46,10 @@ configure() {
 version() { sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$1/CMakeCache.txt"; }
 
 mkdir -p dist
+# The dates inside both packages: the last commit's, so that one commit's
+# packages come out the same byte for byte.
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}
+export SOURCE_DATE_EPOCH
 for w in "${what[@]}"; do
   case $w in
     deb)
