@@ -19,12 +19,12 @@ packages=(
   python3-venv python3-pip python3-setuptools
   iproute2 procps psmisc
   elfutils
+  dpkg-dev lintian
   etcd-server etcd-client
   slurm-wlm slurm-client munge
   debootstrap
   valgrind
   zsh tcsh
-  dpkg-dev lintian
 )
 
 missing=()
