@@ -405,4 +405,6 @@ std::string help_text() {
   return make_app(values)->app.help();
 }
 
+std::string help_footer() { return footer() + "\n" + rdzv_conf_help(); }
+
 }  // namespace ctorchrun::cli

@@ -59,4 +59,8 @@ ParsedOptions parse_options(int argc, const char* const* argv,
 // codes and the --rdzv_conf keys.
 std::string help_text();
 
+// What --help prints after the options: the script's interpreter, the
+// variables read, the exit codes and the --rdzv_conf keys.
+std::string help_footer();
+
 }  // namespace ctorchrun::cli

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "common/error.h"
+#include "etcd/trust_store.h"
 
 namespace ctorchrun::etcd::detail {
 
@@ -80,6 +81,30 @@ bool truncated(const error_code& ec) {
   return false;
 }
 
+// The system's trusted certificates, wherever this distribution keeps them
+// (etcd/trust_store.h), or SSL_CERT_FILE / SSL_CERT_DIR.
+void load_system_trust(ssl::context& ctx) {
+  const TrustStore store = find_trust_store(trust_env_from_process());
+  if (!store.found())
+    throw ConfigError(
+        "etcd TLS: no trusted certificates found on this system (looked for " +
+        trust_bundle_candidates().front() +
+        " and the other usual places); set SSL_CERT_FILE or give --rdzv_conf cacert=FILE");
+  error_code ec;
+  if (!store.file.empty()) {
+    ctx.load_verify_file(store.file, ec);
+    if (ec)
+      throw ConfigError("etcd TLS: cannot load the system's trusted certificates from '" +
+                        store.file + "': " + openssl_reason(ec));
+  }
+  if (!store.dir.empty()) {
+    ctx.add_verify_path(store.dir, ec);
+    if (ec)
+      throw ConfigError("etcd TLS: cannot use the certificate directory '" + store.dir +
+                        "': " + openssl_reason(ec));
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<ssl::context> make_tls_context(const std::string& ca_file,
@@ -100,10 +125,7 @@ std::shared_ptr<ssl::context> make_tls_context(const std::string& ca_file,
   ctx->set_verify_mode(ssl::verify_peer);
   error_code ec;
   if (ca_file.empty()) {
-    ctx->set_default_verify_paths(ec);
-    if (ec)
-      throw ConfigError("etcd TLS: cannot load the system's trusted certificates: " +
-                        openssl_reason(ec));
+    load_system_trust(*ctx);
   } else {
     check_readable("cacert", ca_file);
     ctx->load_verify_file(ca_file, ec);

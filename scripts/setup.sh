@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs every dependency of ctorchrun by name with apt, then the Debian 13
-# root with torch 2.6 that the torch2 tests run (scripts/setup_torch2.sh).
+# root with torch 2.6 that the torch2 tests run (scripts/setup_torch2.sh) and
+# the clean Debian 12 root the package tests install into
+# (scripts/setup_clean_root.sh).
 # Idempotent: when everything is already installed it checks and returns
 # quietly.
 set -euo pipefail
@@ -17,6 +19,7 @@ packages=(
   python3-venv python3-pip python3-setuptools
   iproute2 procps psmisc
   elfutils
+  dpkg-dev lintian
   etcd-server etcd-client
   slurm-wlm slurm-client munge
   debootstrap
@@ -43,3 +46,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 "$(dirname "$0")/setup_torch2.sh"
+"$(dirname "$0")/setup_clean_root.sh"

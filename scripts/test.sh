@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test of ctorchrun (what CI runs):
-#  1. scripts/setup.sh (apt dependencies, and the Debian 13 root with torch
-#     2.6 for the torch2 tests), a Release build with warnings as errors, and
-#     an ASan+UBSan build;
+#  1. scripts/setup.sh (apt dependencies, the Debian 13 root with torch 2.6
+#     for the torch2 tests and the clean Debian 12 root for the package
+#     tests), a Release build with warnings as errors, the packages
+#     (scripts/package.sh: the .deb and the wheel in dist/), and an ASan+UBSan
+#     build;
 #  2. the formatting check, a check that CTest registered every test case,
 #     and the request-parser fuzzer (bounded time);
 #  3. the unit, net, multi-process and simulation tests under ASan+UBSan
 #     (the simulation with CTORCHRUN_SIM_SEEDS=200, not its default 2000);
 #  4. every test but the GPU ones, unsanitised (multi-process, the
 #     simulation's 2000 seeds, torch 1.13 and, label torch2, torch 2.6 too:
-#     CTest gives those CTORCHRUN_PYTHON=scripts/torch2/python).
+#     CTest gives those CTORCHRUN_PYTHON=scripts/torch2/python; label package,
+#     the packages installed on clean systems).
 # GPU tests (label gpu) need a GPU and are left out here by name: run them with
 #   (cd build && ctest -L gpu --output-on-failure)
 set -euo pipefail
@@ -28,6 +31,10 @@ scripts/setup.sh
 phase_done setup
 scripts/build.sh -DCTORCHRUN_WERROR=ON
 phase_done "release build"
+# The .deb and the wheel (dist/), which the package tests install on clean
+# systems: two more Release builds, mostly from ccache.
+scripts/package.sh
+phase_done "packages"
 # -O1 with line tables: readable sanitizer reports, and much quicker to
 # compile than the Release build's -O3.
 BUILD_DIR=build-asan scripts/build.sh -DCTORCHRUN_WERROR=ON -DCTORCHRUN_SANITIZE=address,undefined \
