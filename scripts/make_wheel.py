@@ -2,7 +2,7 @@
 """Writes ctorchrun's wheel (scripts/package_wheel.sh): a plain zip, with
 what the wheel format (PEP 427, PEP 491) asks for and nothing downloaded.
 
-  ctorchrun-<v>.data/scripts/ctorchrun, ctorch-store   pip puts them on PATH
+  ctorchrun-<v>.data/scripts/ctorchrun, ctorch-store, ctorch-status   pip puts them on PATH
   ctorchrun/__init__.py, __main__.py                   python -m ctorchrun
   ctorchrun-<v>.dist-info/METADATA, WHEEL, RECORD      RECORD: sha256 of each file
 
@@ -100,7 +100,7 @@ def entries(version, tag, bin_dir):
     info = f"ctorchrun-{version}.dist-info/"
     out = [("ctorchrun/__init__.py", INIT.format(version=version).encode(), False),
            ("ctorchrun/__main__.py", MAIN.encode(), False)]
-    for name in ("ctorchrun", "ctorch-store"):
+    for name in ("ctorchrun", "ctorch-store", "ctorch-status"):
         with open(os.path.join(bin_dir, name), "rb") as f:
             out.append((data + name, f.read(), True))
     out += [(info + "METADATA", metadata(version).encode(), False),
@@ -125,7 +125,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--version", required=True)
     ap.add_argument("--platform", required=True, help="manylinux_2_36_x86_64")
-    ap.add_argument("--bin", required=True, help="folder with ctorchrun and ctorch-store")
+    ap.add_argument("--bin", required=True, help="folder with ctorchrun, ctorch-store and ctorch-status")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     tag = f"py3-none-{a.platform}"

@@ -59,7 +59,7 @@ for w in "${what[@]}"; do
       ;;
     wheel)
       configure "$portable" -DCTORCHRUN_PORTABLE=ON
-      cmake --build "$portable" --parallel "$jobs" --target ctorchrun ctorch-store
+      cmake --build "$portable" --parallel "$jobs" --target ctorchrun ctorch-store ctorch-status
       scripts/package_wheel.sh "$portable" "$(version "$portable")" dist
       ;;
     *) fail "unknown package '$w' (deb or wheel)" ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheel of scripts/package.sh, from a CTORCHRUN_PORTABLE build:
 #   scripts/package_wheel.sh BUILD_DIR VERSION OUT_DIR
-# Checks that ctorchrun and ctorch-store need nothing but the C library and
+# Checks that ctorchrun, ctorch-store and ctorch-status need nothing but the C library and
 # no glibc newer than 2.36 (the manylinux_2_36 tag's promise), strips
 # copies of them and writes the wheel with scripts/make_wheel.py.
 set -euo pipefail
@@ -12,7 +12,7 @@ glibc_max=2.36
 stage=$build/wheel-bin
 rm -rf "$stage"
 mkdir -p "$stage"
-for b in ctorchrun ctorch-store; do
+for b in ctorchrun ctorch-store ctorch-status; do
   strip -o "$stage/$b" "$build/bin/$b"
   needed=$(readelf -d "$stage/$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' |
     grep -Ev '^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64)\.so\.[0-9]+$' || true)

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "agent/health_server.h"
+#include "agent/status_page.h"
 #include "tests/support/http_get.h"
 #include "tests/support/temp_dir.h"
 
@@ -318,4 +319,23 @@ TEST_CASE("status: a scraper that never reads its answer holds up no one else", 
     CHECK(reply->status == 200);
   }
   for (int fd : slow) ::close(fd);
+}
+
+TEST_CASE("status: the page is self-contained and marks what the browser test reads", "[unit]") {
+  const std::string& page = status_page_html();
+  REQUIRE(page.size() > 1000);
+  CHECK(page.rfind("<!doctype html>", 0) == 0);
+  // No CDN, no external script, style, font or image: the machines have no
+  // internet.
+  for (const char* external : {"src=\"http", "href=\"http", "@import", "//cdn", "url(http"}) {
+    INFO(external);
+    CHECK(page.find(external) == std::string::npos);
+  }
+  for (const char* mark : {"id=\"nodes\"", "id=\"agent-state\"", "id=\"attempt\"", "id=\"banner\"",
+                           "id=\"history\"", "data-rank", "data-node", "fetch(\"status\""}) {
+    INFO(mark);
+    CHECK(page.find(mark) != std::string::npos);
+  }
+  // Text from the agent goes through textContent, never markup.
+  CHECK(page.find("innerHTML") == std::string::npos);
 }

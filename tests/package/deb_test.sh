@@ -64,6 +64,8 @@ in_root apt-get install -y -qq --no-install-recommends man-db >"$copy/apt-man.lo
 page=$(in_root env MANWIDTH=120 MANPAGER=cat man ctorchrun 2>&1) || fail "man ctorchrun: $page"
 echo "$page" | grep -q -- '--nproc-per-node, --nproc_per_node' || fail "man ctorchrun has no --nproc_per_node"
 in_root env MANPAGER=cat man ctorch-store 2>&1 | grep -q -- '--max-connections' || fail "man ctorch-store"
+[ "$(in_root ctorch-status --version)" = "ctorch-status $(in_root ctorchrun --version | cut -d' ' -f2)" ] ||
+  fail "ctorch-status is not installed"
 for f in /usr/share/bash-completion/completions/ctorchrun /usr/share/zsh/vendor-completions/_ctorchrun \
   /usr/share/ctorchrun/completion.tcsh; do
   [ -s "$r$f" ] || fail "no completion at $f"

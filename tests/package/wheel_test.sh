@@ -46,7 +46,7 @@ for line in z.read(record[0]).decode().splitlines():
     want = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     assert digest == want and int(size) == len(data), path
 assert listed == names, names ^ listed
-for name in ("ctorchrun", "ctorch-store"):
+for name in ("ctorchrun", "ctorch-store", "ctorch-status"):
     info = z.getinfo(next(n for n in names if n.endswith(".data/scripts/" + name)))
     assert (info.external_attr >> 16) & 0o111, name + " is not executable"
 EOT
@@ -58,13 +58,14 @@ version=$(basename "$wheel" | cut -d- -f2)
 [ "$(as_user ctorchrun --version)" = "ctorchrun $version" ] || fail "ctorchrun --version: $(as_user ctorchrun --version)"
 [ "$(as_user sh -c 'command -v ctorchrun')" = "$venv/bin/ctorchrun" ] || fail "ctorchrun is not the venv's"
 [ "$(as_user ctorch-store --version)" = "ctorch-store $version" ] || fail "ctorch-store --version"
+[ "$(as_user ctorch-status --version)" = "ctorch-status $version" ] || fail "ctorch-status --version"
 [ "$(as_user python -m ctorchrun --version)" = "ctorchrun $version" ] || fail "python -m ctorchrun --version"
 [ ! -e "$venv/bin/torchrun" ] || fail "the wheel installed a torchrun command"
 listed=$(as_user pip show -f ctorchrun)
 if echo "$listed" | grep -Eq '(^|/| )torchrun$'; then fail "the wheel carries a torchrun"; fi
 
 step "ldd of the installed binaries: the C library only"
-for b in ctorchrun ctorch-store; do
+for b in ctorchrun ctorch-store ctorch-status; do
   libs=$(ldd "$venv/bin/$b" | awk '{print $1}' |
     grep -Ev '^(linux-vdso\.so\.1|/lib64/ld-linux-x86-64\.so\.2|lib(c|m|dl|pthread|rt)\.so\.[0-9]+)$' || true)
   [ -z "$libs" ] || fail "$b needs $(echo $libs)"
