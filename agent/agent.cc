@@ -1642,6 +1642,8 @@ RunResult ElasticAgent::Impl::run() {
       };
       host.cuda_visible_devices = value("CUDA_VISIBLE_DEVICES");
       host.cuda_device_order = value("CUDA_DEVICE_ORDER");
+      host.slurm_gpus = value("SLURM_STEP_GPUS");
+      if (!host.slurm_gpus) host.slurm_gpus = value("SLURM_JOB_GPUS");
       plan = worker::plan_numa_binding(*c_.numa_binding, c_.nproc_per_node, host);
     } catch (const Error& e) {
       return finish(kUsage, e.what());

@@ -74,11 +74,37 @@ std::vector<NvidiaGpu> read_nvidia_gpus(const std::string& proc_root) {
     gpu.bus_id = normalize_pci_bus_id(location.empty() ? name : location);
     gpu.uuid = field(info, "GPU UUID");
     gpu.model = field(info, "Model");
+    const std::string minor = field(info, "Device Minor");
+    if (all_digits(minor) && minor.size() <= 6) gpu.minor = std::stoi(minor);
     gpus.push_back(std::move(gpu));
   }
   std::sort(gpus.begin(), gpus.end(),
             [](const auto& a, const auto& b) { return a.bus_id < b.bus_id; });
   return gpus;
+}
+
+std::vector<NvidiaGpu> gpus_cuda_sees(const std::vector<NvidiaGpu>& gpus,
+                                      const std::optional<std::string>& slurm_gpus,
+                                      const std::optional<std::string>& visible_devices) {
+  if (!slurm_gpus || !visible_devices) return gpus;
+  const auto step = cuda_visible_entries(*slurm_gpus);
+  const auto visible = cuda_visible_entries(*visible_devices);
+  if (step.empty() || step == visible || visible.size() > step.size()) return gpus;
+  for (size_t i = 0; i < visible.size(); ++i) {
+    if (visible[i] != std::to_string(i)) return gpus;  // not CUDA's renumbering
+  }
+  std::vector<NvidiaGpu> seen;
+  for (const auto& minor : step) {
+    if (!all_digits(minor) || minor.size() > 6) return gpus;
+    auto it = std::find_if(gpus.begin(), gpus.end(),
+                           [&](const NvidiaGpu& g) { return g.minor == std::stoi(minor); });
+    if (it == gpus.end()) return gpus;
+    seen.push_back(*it);
+  }
+  // CUDA numbers what it can open as it numbers all: in bus order here.
+  std::sort(seen.begin(), seen.end(),
+            [](const auto& a, const auto& b) { return a.bus_id < b.bus_id; });
+  return seen;
 }
 
 std::vector<std::string> cuda_visible_entries(const std::string& value) {

@@ -35,11 +35,25 @@ struct NvidiaGpu {
   std::string bus_id;  // "0000:3b:00.0", as in sysfs
   std::string uuid;    // "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"; empty if unreadable
   std::string model;   // "NVIDIA H100 80GB HBM3"
+  int minor = -1;      // "Device Minor:", /dev/nvidia<minor>; -1 if unreadable
 };
 
 // The GPUs the driver shows this process, in PCI bus order; empty without
 // the driver (or without GPUs).
 std::vector<NvidiaGpu> read_nvidia_gpus(const std::string& proc_root);
+
+// The GPUs CUDA can open, when a device cgroup hides some that the driver's
+// list still shows: Slurm's ConstrainDevices (and `--gpus` under it) lets a
+// step open only its GPUs, /dev/nvidia<minor> for each minor of
+// SLURM_STEP_GPUS (else SLURM_JOB_GPUS), and then numbers them for CUDA
+// from 0 (CUDA_VISIBLE_DEVICES=0,1 for GPUs 2 and 3). Told apart from a step
+// without the constraint, where CUDA_VISIBLE_DEVICES repeats the step's own
+// indices (2,3), by CUDA_VISIBLE_DEVICES being every index from 0 below the
+// step's count and differing from the step's list. Otherwise, or when a
+// listed minor is not among `gpus`: `gpus` unchanged.
+std::vector<NvidiaGpu> gpus_cuda_sees(const std::vector<NvidiaGpu>& gpus,
+                                      const std::optional<std::string>& slurm_gpus,
+                                      const std::optional<std::string>& visible_devices);
 
 // "00000000:3B:00.0" (NVML) or "0000:3b:00.0" -> "0000:3b:00.0".
 std::string normalize_pci_bus_id(const std::string& bus_id);

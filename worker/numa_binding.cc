@@ -251,7 +251,8 @@ std::string text_of(const std::vector<int>& v) {
 RankNodes rank_nodes(const CpuTopology& topology, int nproc, const NumaHost& host,
                      std::vector<std::string>* warnings) {
   RankNodes ranks(static_cast<size_t>(std::max(nproc, 0)));
-  const auto gpus = read_nvidia_gpus(host.proc_root);
+  const auto gpus =
+      gpus_cuda_sees(read_nvidia_gpus(host.proc_root), host.slurm_gpus, host.cuda_visible_devices);
   if (gpus.empty()) {
     std::vector<int> with_cpus;
     for (const auto& n : topology.nodes) {

@@ -87,6 +87,8 @@ struct NumaHost {
   std::string proc_root = "/proc";  // for <proc>/driver/nvidia/gpus
   std::optional<std::string> cuda_visible_devices;
   std::optional<std::string> cuda_device_order;
+  // SLURM_STEP_GPUS, else SLURM_JOB_GPUS (gpus_cuda_sees).
+  std::optional<std::string> slurm_gpus;
   // The CPUs and memory nodes the launcher may use; nullopt: this process's
   // (allowed_cpus(), allowed_memory_nodes()).
   std::optional<std::vector<int>> allowed_cpus;

@@ -330,3 +330,36 @@ TEST_CASE("numa binding: this machine's own sysfs gives every local rank CPUs it
     }
   }
 }
+
+TEST_CASE(
+    "numa binding: under Slurm's ConstrainDevices a rank's device is the step's GPU that CUDA "
+    "numbers from 0, not the machine's",
+    "[unit]") {
+  FakeSysfs sys;
+  // A step given GPUs 6 and 1 (nodes 3 and 0): the cgroup lets it open
+  // those two, CUDA numbers them 0 (bus 0x11, GPU 1) and 1 (GPU 6), and
+  // Slurm says CUDA_VISIBLE_DEVICES=0,1.
+  auto constrained = sys.host("0,1");
+  constrained.slurm_gpus = "6,1";
+  auto c = cpus(NumaBinding::kNode, 2, constrained);
+  CHECK(c[0] == range(0, 3));    // GPU 1, node 0
+  CHECK(c[1] == range(12, 15));  // GPU 6, node 3
+  // Without the constraint Slurm repeats the step's own indices: as written.
+  auto open = sys.host("6,1");
+  open.slurm_gpus = "6,1";
+  auto o = cpus(NumaBinding::kNode, 2, open);
+  CHECK(o[0] == range(12, 15));
+  CHECK(o[1] == range(0, 3));
+  // The step's first GPUs are the machine's first: the same either way.
+  auto first = sys.host("0,1");
+  first.slurm_gpus = "0,1";
+  CHECK(cpus(NumaBinding::kNode, 2, first)[1] == range(0, 3));
+  // A minor the driver does not list, or a list that is no renumbering:
+  // the machine's list, as without Slurm.
+  auto unknown = sys.host("0");
+  unknown.slurm_gpus = "42";
+  CHECK(cpus(NumaBinding::kNode, 1, unknown)[0] == range(0, 3));
+  auto shuffled = sys.host("1,0");
+  shuffled.slurm_gpus = "6,7";
+  CHECK(cpus(NumaBinding::kNode, 2, shuffled)[0] == range(0, 3));
+}
