@@ -120,9 +120,9 @@ to --max_restarts) and CTORCHRUN_ROUND (the elastic round); the count is their s
 Read by the agent itself, as torch's agent reads them:
   TORCHELASTIC_ENABLE_FILE_TIMER=1  serve torch's file timer (expires()) on the pipe
                                     TORCHELASTIC_TIMER_FILE (a fresh one when unset)
-  TORCHELASTIC_HEALTH_CHECK_PORT=P  answer GET /healthz on port P (JSON; 200 while the agent
-                                    runs its job) and /readyz (200 while the workers run),
-                                    on --status_host
+  TORCHELASTIC_HEALTH_CHECK_PORT=P  answer GET /healthz (200 while the agent runs its job),
+                                    /readyz (the workers run) and --status_port's endpoints
+                                    on port P, on --status_host
   TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=S  a worker in D state S seconds fails the job,
                                     with no restart
 
