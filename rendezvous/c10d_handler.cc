@@ -138,13 +138,35 @@ RendezvousInfo C10dHandler::next_rendezvous() {
 RendezvousInfo C10dHandler::next_round(const MembershipChange& change, int attempt) {
   CTORCHRUN_CHECK(state_ && round_, "C10dHandler::next_round() before a round formed");
   try {
-    renew_presence();
-    state_->rejoin(*round_, attempt, change.lost);
+    rejoin(*round_, attempt, change.lost);
   } catch (const IoError& e) {
     throw Error("lost the rendezvous store at " + endpoint_ + " while round " +
                 std::to_string(round_->round + 1) + " formed: " + e.what());
   }
   return form();
+}
+
+void C10dHandler::rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost) {
+  renew_presence();
+  try {
+    state_->rejoin(previous, attempt, lost);
+  } catch (const IoError&) {
+    throw;
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error& e) {
+    // An operator's `etcdctl lease revoke`, or etcd losing the lease, after
+    // renew_presence() found it alive: the entry's first write (its record,
+    // on the lease) failed, so nothing of it was written. Anything else (the
+    // lease still held, or the entry not begun) is the error it is.
+    if (state_->round() == previous.round || !coord_->renew()) throw;
+    presence_key_.clear();
+    get_logger("rdzv")->warn(
+        "rendezvous '{}': this node's lease went while it entered round {} ({}); entering it "
+        "again under a new lease",
+        options_.job.run_id, state_->round(), e.what());
+    state_->reenter();
+  }
 }
 
 RendezvousInfo C10dHandler::form() {
@@ -169,8 +191,7 @@ RendezvousInfo C10dHandler::form() {
       C10dRoundWatch watch(*job_, settings, round, options_.last_call_timeout);
       auto change = watch.reform(
           {"node 0 was lost before it served the workers' store", {0}, "agent exited"});
-      renew_presence();
-      state_->rejoin(round, round.attempt, change.lost);
+      rejoin(round, round.attempt, change.lost);
     }
   }
 }

@@ -79,6 +79,10 @@ class C10dHandler : public Handler {
   const std::string& run_id() const override { return options_.job.run_id; }
   // This agent's presence goes now (etcd-v3: its lease is revoked).
   void abandon() noexcept override;
+  // Enters the round after `previous` (renew_presence, then C10dState's
+  // rejoin), coming back under a new lease when this node's presence lease
+  // went between the renewal's check and the entry's first write.
+  void rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost);
   // The endpoint's store ("rendezvous") when this agent hosts it, and the
   // round's workers' store ("workers") on group rank 0.
   std::vector<HostedStore> hosted_stores() override;

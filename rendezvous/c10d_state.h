@@ -258,6 +258,11 @@ class C10dState {
   // `lost` are the members of `previous` not expected back; a node listed
   // there itself enters as a newcomer.
   void rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost);
+  // Writes this node's entry of the round it entered again, after the entry
+  // failed at its first write (the record on the presence connection, whose
+  // lease was revoked meanwhile) and the presence is held anew: nothing of
+  // the entry had been written.
+  void reenter() { enter(slot_, attempt_); }
 
   // One step: the round once it is complete with this node in it. A node left
   // out moves to the next round (spare() tells whether it waits for a running
