@@ -148,6 +148,7 @@ RendezvousInfo C10dHandler::next_round(const MembershipChange& change, int attem
 
 void C10dHandler::rejoin(const C10dRound& previous, int attempt, const std::vector<int>& lost) {
   renew_presence();
+  if (options_.before_entry) options_.before_entry();
   try {
     state_->rejoin(previous, attempt, lost);
   } catch (const IoError&) {

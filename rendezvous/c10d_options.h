@@ -4,6 +4,7 @@
 // etcd-v3), as C10dHandler and its Coordination read them.
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,9 @@ struct C10dOptions {
   // Unset: join_timeout.
   std::optional<std::chrono::milliseconds> closed_window;
   std::chrono::milliseconds wait_log_interval{30'000};
+  // Tests: runs between the presence's renewal and a next round's entry
+  // (C10dHandler::rejoin), where a fault (a lease revoked) can be injected.
+  std::function<void()> before_entry;
 };
 
 }  // namespace ctorchrun::rendezvous
