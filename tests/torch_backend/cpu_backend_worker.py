@@ -17,6 +17,7 @@ and, last, "WORKER_DONE rank=<r>".
 
 import os
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,15 @@ check("world", None)
 check("new_gloo", dist.new_group(backend="gloo"))
 check("new_default", dist.new_group())
 dist.barrier()
-dist.destroy_process_group()
 print(f"WORKER_DONE rank={rank} sitecustomize={os.environ.get('USER_SITECUSTOMIZE', 'no')}",
       flush=True)
+# torch 2.6's gloo teardown was seen once to hold one rank in
+# destroy_process_group for minutes after its peer had finished (a loaded
+# machine, plain gloo, no ctorch). This worker is about which backend runs
+# the groups, not teardown: the teardown is still made, but bounded.
+teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
+teardown.start()
+teardown.join(30)
+if teardown.is_alive():
+    print(f"TEARDOWN_STUCK rank={rank}", flush=True)
+os._exit(0)
